@@ -1,0 +1,56 @@
+"""The ``rollout-fleet`` command line.
+
+Subcommands live in their own modules and are imported only when invoked, so ``rollout-fleet --help`` stays
+fast and the operator's dependencies are not loaded to run the demo.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from rollout_runtime import __version__
+
+# name -> "module:attribute" of a click.Command; help text shown without importing the module.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "classify": ("rollout_runtime.cli.classify:classify", "Classify sample (or given) failures as INFRA or DATA."),
+    "demo": ("rollout_runtime.cli.demo:demo", "Run the local demo fleet: simulated shards, chaos, live metrics."),
+    "sim-shard": ("rollout_runtime.cli.sim:sim_shard", "Serve a simulated OpenAI-compatible generation shard."),
+    "sim-env": ("rollout_runtime.cli.sim:sim_env", "Serve a simulated environment server."),
+    "crds": ("fleet_operator.cli:crds", "Print (or write) the CustomResourceDefinitions generated from the models."),
+    "operator": ("fleet_operator.cli:operator", "Run the fleet operator (kopf) against the current kubeconfig."),
+    "status": ("fleet_operator.cli:status", "Show a RolloutFleet's health as a table."),
+    "dashboards": ("fleet_operator.dashboards:dashboards", "Generate the Grafana dashboards as JSON."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMANDS:
+            return None
+        module_name, _, attr = _COMMANDS[cmd_name][0].partition(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{module_name}:{attr} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, help_text) in sorted(_COMMANDS.items())])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rollout-fleet")
+def cli() -> None:
+    """rollout-fleet: keep RL rollouts flowing and honest across a fleet of shards."""
+
+
+def main(*args: Any, **kwargs: Any) -> Any:
+    return cli(*args, **kwargs)

@@ -1,0 +1,5 @@
+"""Shard sets and where they come from (static, local probing, Kubernetes)."""
+
+from rollout_runtime.shards.model import HealthySet, Shard, ShardSource, StaticShardSource, revision_of
+
+__all__ = ["HealthySet", "Shard", "ShardSource", "StaticShardSource", "revision_of"]

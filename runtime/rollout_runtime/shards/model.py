@@ -1,0 +1,87 @@
+"""What the dispatcher knows about the fleet: shards, and snapshots of the healthy set.
+
+A :class:`ShardSource` is anything that yields :class:`HealthySet` snapshots: a static list, the runtime's own
+probes (local mode), or a RolloutFleet's status in Kubernetes. The dispatcher follows the latest snapshot; a shard
+that disappears from it is unhealthy, and attempts in flight on it are redispatched at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Annotated, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Shard(BaseModel):
+    """One generation shard (an OpenAI-compatible server) as the dispatcher sees it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    endpoint: str
+    """Base URL, e.g. ``http://10.0.0.7:8000``; request paths are appended to it."""
+    model: str = ""
+    """The model the shard must serve; empty means "whatever it serves"."""
+    max_model_len: Annotated[int, Field(gt=0)] | None = None
+    weight: Annotated[float, Field(gt=0, le=1_000_000)] = 1.0
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint must be an http(s) URL with a host, got {value!r}")
+        return value.rstrip("/")
+
+
+class HealthySet(BaseModel):
+    """A snapshot of the shards eligible for traffic. ``revision`` changes whenever the set does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    revision: str
+    shards: tuple[Shard, ...] = ()
+    probe_ok_at: Mapping[str, float] = Field(default_factory=dict)
+    """Shard name -> wall-clock time of its latest successful active probe, when the source knows it.
+    The dispatcher un-ejects a passively ejected shard once a probe succeeded after the ejection."""
+
+    @classmethod
+    def of(cls, shards: Iterable[Shard], probe_ok_at: Mapping[str, float] | None = None) -> HealthySet:
+        """Build a snapshot whose revision is a digest of the shards (stable across processes)."""
+        ordered = tuple(sorted(shards, key=lambda s: s.name))
+        return cls(revision=revision_of(ordered), shards=ordered, probe_ok_at=dict(probe_ok_at or {}))
+
+    def names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.shards)
+
+
+def revision_of(shards: Iterable[Shard]) -> str:
+    """A short digest of a shard list: equal sets give equal revisions, in any process."""
+    payload = json.dumps([s.model_dump(mode="json") for s in sorted(shards, key=lambda s: s.name)], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@runtime_checkable
+class ShardSource(Protocol):
+    """Yields healthy-set snapshots; the first as soon as one is known, then one per change (or probe round).
+
+    Sources that need background work (probing, watching) do it while ``snapshots()`` is being iterated and stop
+    it when the iterator is closed, so ``async with contextlib.aclosing(source.snapshots())`` scopes them. A source
+    whose iterator ends leaves its last snapshot in force.
+    """
+
+    def snapshots(self) -> AsyncIterator[HealthySet]: ...
+
+
+class StaticShardSource:
+    """A fixed list of shards, all taken as healthy: for tests and for fleets that are probed elsewhere."""
+
+    def __init__(self, shards: Iterable[Shard]) -> None:
+        self._snapshot = HealthySet.of(shards)
+
+    async def snapshots(self) -> AsyncIterator[HealthySet]:
+        yield self._snapshot
