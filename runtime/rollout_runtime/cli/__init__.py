@@ -17,8 +17,8 @@ from rollout_runtime import __version__
 _COMMANDS: dict[str, tuple[str, str]] = {
     "classify": ("rollout_runtime.cli.classify:classify", "Classify sample (or given) failures as INFRA or DATA."),
     "demo": ("rollout_runtime.cli.demo:demo", "Run the local demo fleet: simulated shards, chaos, live metrics."),
-    "sim-shard": ("rollout_runtime.cli.sim:sim_shard", "Serve a simulated OpenAI-compatible generation shard."),
-    "sim-env": ("rollout_runtime.cli.sim:sim_env", "Serve a simulated environment server."),
+    "sim-shard": ("rollout_runtime.cli.sim_shard:sim_shard", "Serve a simulated OpenAI-compatible generation shard."),
+    "sim-env": ("rollout_runtime.cli.sim_env:sim_env", "Serve a simulated environment server."),
     "crds": ("fleet_operator.cli:crds", "Print (or write) the CustomResourceDefinitions generated from the models."),
     "operator": ("fleet_operator.cli:operator", "Run the fleet operator (kopf) against the current kubeconfig."),
     "status": ("fleet_operator.cli:status", "Show a RolloutFleet's health as a table."),
