@@ -1,0 +1,317 @@
+"""Shard health as a hysteresis state machine: probe results in, phase transitions out.
+
+Pure and synchronous (no clock, no I/O), so the runtime's local probing and the Kubernetes operator share one
+implementation and tests can drive it result by result.
+
+Phases::
+
+    Pending --success x S--> Healthy --failure--> Suspect --failure x F (in a row)--> Unhealthy
+       |                        ^                    |                                   |
+       +--failure x F--> Unhealthy                   +--success x S (in a row)--> Healthy |
+                                ^------------------------------- success x S (in a row) -+
+    any --set_draining(True)--> Draining --set_draining(False)--> the phase the probes say
+
+(S = ``success_threshold``, F = ``failure_threshold``.) With F = 1 a failure goes straight from Healthy to
+Unhealthy.
+
+Why Suspect serves: one failed probe is a blip as often as an outage. A Suspect shard stays eligible for traffic;
+only F consecutive failures take it out, and only S consecutive successes bring it back. The runtime's passive
+ejection reacts to real request failures faster than any probe, so serving through Suspect costs little.
+Pending does not serve: a shard is never trusted before it has answered S probes.
+
+Draining overrides health: a draining shard takes no new traffic whatever its probes say. Probes still run and
+are still recorded underneath, so un-draining lands on the phase the probes support without waiting.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "MAX_PROBE_MESSAGE_CHARS",
+    "HealthPhase",
+    "HealthState",
+    "ProbeReason",
+    "ProbeResult",
+    "ProbeSettings",
+    "Transition",
+]
+
+MAX_PROBE_MESSAGE_CHARS: Final[int] = 512
+"""Bound on a probe message: it lands in a CR status and in logs, never in a metric label."""
+
+
+class HealthPhase(str, enum.Enum):
+    """Where a shard stands; the values are the phases a GenerationShard's status shows."""
+
+    PENDING = "Pending"
+    HEALTHY = "Healthy"
+    SUSPECT = "Suspect"
+    UNHEALTHY = "Unhealthy"
+    DRAINING = "Draining"
+
+    @property
+    def serving(self) -> bool:
+        """Whether a shard in this phase is eligible for traffic (Healthy, or Suspect: see the module docstring)."""
+        return self in (HealthPhase.HEALTHY, HealthPhase.SUSPECT)
+
+
+class ProbeReason(str, enum.Enum):
+    """Why a probe failed: a short, bounded label, safe as a metric label value."""
+
+    OK = "ok"
+    CONNECT = "connect"
+    """Connection refused, reset, or dropped; DNS failure."""
+    TIMEOUT = "timeout"
+    """No complete answer within ``timeout_seconds``."""
+    STATUS = "status"
+    """The health or models endpoint answered with a non-2xx, non-3xx status."""
+    REDIRECT = "redirect"
+    """A 3xx: probes never follow redirects (a redirect could point anywhere)."""
+    WRONG_MODEL = "wrong_model"
+    """``/v1/models`` does not list the model the shard must serve."""
+    MALFORMED = "malformed"
+    """``/v1/models`` answered 200 with a body that is not the OpenAI model list."""
+    TOO_LARGE = "too_large"
+    """A response body exceeded the prober's read bound."""
+    FORBIDDEN_TARGET = "forbidden_target"
+    """The target URL is refused by the probe target policy; nothing was sent."""
+    ERROR = "error"
+    """Anything else (a bug or an unexpected client error); the message says what."""
+
+
+class ProbeSettings(BaseModel):
+    """How a shard is probed. Defaults follow the CRD: period 5 s, timeout 2 s, failure 3, success 2.
+
+    Field names are snake_case in Python and camelCase (``periodSeconds``) in Kubernetes; both validate.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)] = "/health"
+    """The health endpoint, relative to the shard's base URL."""
+    period_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    """Deadline for one whole probe (health plus model check)."""
+    failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 3
+    """Consecutive failures that make a shard Unhealthy."""
+    success_threshold: Annotated[int, Field(ge=1, le=1000)] = 2
+    """Consecutive successes that make a Pending, Suspect or Unhealthy shard Healthy."""
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/") or value.startswith("//") or any(c in value for c in "?#\\ \t\r\n"):
+            raise ValueError(f"path must be an absolute URL path like '/health' (no query, no host), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_below_period(self) -> ProbeSettings:
+        if self.timeout_seconds >= self.period_seconds:
+            raise ValueError(
+                f"timeout_seconds ({self.timeout_seconds}) must be less than period_seconds ({self.period_seconds}):"
+                " otherwise probes of one shard overlap"
+            )
+        return self
+
+
+def _bounded(text: str, limit: int = MAX_PROBE_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ProbeResult(BaseModel):
+    """The outcome of one probe. ``ok`` is true exactly when ``reason`` is ``ProbeReason.OK``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ok: bool
+    reason: ProbeReason = ProbeReason.OK
+    message: str = ""
+    """Human-readable detail, bounded to MAX_PROBE_MESSAGE_CHARS."""
+    latency_seconds: Annotated[float, Field(ge=0)] = 0.0
+    status: int | None = None
+    """The HTTP status of the last response seen, if any."""
+    at: float = 0.0
+    """Wall-clock time (unix seconds) the probe finished; 0 when unknown."""
+
+    @field_validator("message")
+    @classmethod
+    def _bound_message(cls, value: str) -> str:
+        return _bounded(value)
+
+    @model_validator(mode="after")
+    def _ok_matches_reason(self) -> ProbeResult:
+        if self.ok != (self.reason is ProbeReason.OK):
+            raise ValueError(f"ok={self.ok} contradicts reason={self.reason.value!r}")
+        return self
+
+    @classmethod
+    def success(cls, *, latency_seconds: float = 0.0, status: int | None = 200, at: float = 0.0) -> ProbeResult:
+        return cls(ok=True, latency_seconds=latency_seconds, status=status, at=at)
+
+    @classmethod
+    def failure(
+        cls,
+        reason: ProbeReason,
+        message: str,
+        *,
+        latency_seconds: float = 0.0,
+        status: int | None = None,
+        at: float = 0.0,
+    ) -> ProbeResult:
+        if reason is ProbeReason.OK:
+            raise ValueError("a failed probe needs a failure reason, not 'ok'")
+        return cls(ok=False, reason=reason, message=message, latency_seconds=latency_seconds, status=status, at=at)
+
+
+class Transition(BaseModel):
+    """A phase change, with the label and message of what caused it (for events, conditions, metrics)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    from_phase: HealthPhase
+    to_phase: HealthPhase
+    reason: str
+    """A bounded label: a ProbeReason value, or "drain" / "undrain"."""
+    message: str = ""
+
+    @property
+    def serving_changed(self) -> bool:
+        return self.from_phase.serving != self.to_phase.serving
+
+
+class HealthState:
+    """One shard's health: feed it probe results with :meth:`observe`, read :attr:`phase` and :attr:`serving`."""
+
+    __slots__ = (
+        "_draining",
+        "_failures",
+        "_health",
+        "_settings",
+        "_successes",
+        "last_error",
+        "last_reason",
+        "last_result",
+    )
+
+    def __init__(self, settings: ProbeSettings | None = None) -> None:
+        self._settings = settings or ProbeSettings()
+        self._health = HealthPhase.PENDING
+        """The phase the probes support; ``phase`` reports Draining over it while draining."""
+        self._draining = False
+        self._successes = 0
+        self._failures = 0
+        self.last_result: ProbeResult | None = None
+        self.last_reason: ProbeReason | None = None
+        """Reason of the latest failed probe (kept after recovery, like last_error)."""
+        self.last_error: str | None = None
+        """Message of the latest failed probe (kept after recovery: it says what happened last time)."""
+
+    @classmethod
+    def restore(
+        cls,
+        settings: ProbeSettings,
+        phase: HealthPhase,
+        *,
+        consecutive_successes: int = 0,
+        consecutive_failures: int = 0,
+        draining: bool = False,
+        last_error: str | None = None,
+    ) -> HealthState:
+        """Rebuild a state from a persisted status (the operator after a restart).
+
+        A persisted Draining phase without a known underlying phase resumes as Pending underneath.
+        """
+        if consecutive_successes < 0 or consecutive_failures < 0:
+            raise ValueError("consecutive counts must be >= 0")
+        if consecutive_successes and consecutive_failures:
+            raise ValueError("a state cannot have consecutive successes and failures at once")
+        state = cls(settings)
+        state._health = HealthPhase.PENDING if phase is HealthPhase.DRAINING else phase
+        state._draining = draining or phase is HealthPhase.DRAINING
+        state._successes = consecutive_successes
+        state._failures = consecutive_failures
+        state.last_error = last_error
+        return state
+
+    @property
+    def settings(self) -> ProbeSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: ProbeSettings) -> None:
+        """New thresholds apply from the next observation; the current phase is kept."""
+        self._settings = value
+
+    @property
+    def phase(self) -> HealthPhase:
+        return HealthPhase.DRAINING if self._draining else self._health
+
+    @property
+    def health_phase(self) -> HealthPhase:
+        """The phase the probes support, ignoring draining."""
+        return self._health
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def serving(self) -> bool:
+        """Eligible for traffic: Healthy or Suspect, and not draining."""
+        return self.phase.serving
+
+    @property
+    def consecutive_successes(self) -> int:
+        return self._successes
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._failures
+
+    def observe(self, result: ProbeResult) -> Transition | None:
+        """Record one probe result; return the visible phase change it caused, if any."""
+        before = self.phase
+        self.last_result = result
+        if result.ok:
+            self._successes += 1
+            self._failures = 0
+            if self._health is not HealthPhase.HEALTHY and self._successes >= self._settings.success_threshold:
+                self._health = HealthPhase.HEALTHY
+        else:
+            self._failures += 1
+            self._successes = 0
+            self.last_reason = result.reason
+            self.last_error = result.message or result.reason.value
+            if self._failures >= self._settings.failure_threshold:
+                self._health = HealthPhase.UNHEALTHY
+            elif self._health is HealthPhase.HEALTHY:
+                self._health = HealthPhase.SUSPECT
+        after = self.phase
+        if after is before:
+            return None
+        return Transition(from_phase=before, to_phase=after, reason=result.reason.value, message=result.message)
+
+    def set_draining(self, draining: bool) -> Transition | None:
+        """Start or stop draining; return the visible phase change, if any."""
+        before = self.phase
+        self._draining = draining
+        after = self.phase
+        if after is before:
+            return None
+        return Transition(
+            from_phase=before,
+            to_phase=after,
+            reason="drain" if draining else "undrain",
+            message="draining: no new traffic" if draining else f"drain lifted; probes say {after.value}",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"HealthState(phase={self.phase.value}, successes={self._successes}, failures={self._failures},"
+            f" last_error={self.last_error!r})"
+        )

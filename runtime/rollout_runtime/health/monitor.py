@@ -1,0 +1,170 @@
+"""A probe loop: probe each target on its period, feed its HealthState, report rounds and transitions.
+
+The I/O shell around the pure state machine. The runtime's LocalShardSource and the operator both use it, so a
+shard's phase means the same thing wherever it is computed. Time comes from the event loop (``loop.time()`` and
+``asyncio.sleep``), so tests can drive it with looptime instead of waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rollout_runtime.health.hysteresis import HealthState, ProbeResult, ProbeSettings, Transition
+from rollout_runtime.health.probe import Prober
+
+__all__ = ["HealthMonitor", "ProbeRound", "ProbeTarget", "TransitionCallback"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """Something to probe: a generation shard (``expected_model`` set) or an environment server (health only)."""
+
+    name: str
+    endpoint: str
+    settings: ProbeSettings = field(default_factory=ProbeSettings)
+    expected_model: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeRound:
+    """The results of the probes that ran together, and the phase changes they caused (in target order)."""
+
+    results: Mapping[str, ProbeResult]
+    transitions: tuple[tuple[str, Transition], ...] = ()
+
+
+TransitionCallback = Callable[[str, Transition, ProbeResult | None], Awaitable[None] | None]
+"""Called as ``callback(name, transition, result)``; ``result`` is None for drain changes. May be async."""
+
+
+class HealthMonitor:
+    """Keeps one HealthState per target and probes each target every ``settings.period_seconds``.
+
+    Targets can be replaced at any time (:meth:`set_targets`); a target whose name stays keeps its state (and
+    takes new settings from the next observation), a new name starts Pending, a removed name is forgotten.
+    """
+
+    def __init__(
+        self,
+        targets: Iterable[ProbeTarget],
+        prober: Prober,
+        *,
+        on_transition: TransitionCallback | None = None,
+        max_concurrency: int = 64,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self._prober = prober
+        self._on_transition = on_transition
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._targets: dict[str, ProbeTarget] = {}
+        self._states: dict[str, HealthState] = {}
+        self._due: dict[str, float] = {}
+        self._last_ok_at: dict[str, float] = {}
+        self._changed = asyncio.Event()
+        self._drain_changes: list[tuple[str, Transition]] = []
+        self.set_targets(targets)
+
+    @property
+    def targets(self) -> Mapping[str, ProbeTarget]:
+        return dict(self._targets)
+
+    @property
+    def states(self) -> Mapping[str, HealthState]:
+        """Name -> live HealthState (read it, do not feed it: the monitor does)."""
+        return dict(self._states)
+
+    @property
+    def last_ok_at(self) -> Mapping[str, float]:
+        """Name -> wall-clock time of the latest successful probe, for targets that ever answered."""
+        return dict(self._last_ok_at)
+
+    def set_targets(self, targets: Iterable[ProbeTarget]) -> None:
+        new = {t.name: t for t in targets}
+        for name in list(self._targets):
+            if name not in new:
+                del self._targets[name], self._states[name]
+                self._due.pop(name, None)
+                self._last_ok_at.pop(name, None)
+        for name, target in new.items():
+            if name in self._states:
+                self._states[name].settings = target.settings
+            else:
+                self._states[name] = HealthState(target.settings)
+                self._due[name] = float("-inf")  # probe new targets at once
+            self._targets[name] = target
+        self._changed.set()
+
+    async def set_draining(self, name: str, draining: bool) -> Transition | None:
+        """Start or stop draining a target; the callback hears about the change."""
+        transition = self._states[name].set_draining(draining)
+        if transition is not None:
+            self._drain_changes.append((name, transition))
+            await self._notify(name, transition, None)
+        self._changed.set()
+        return transition
+
+    async def _probe_one(self, target: ProbeTarget) -> ProbeResult:
+        async with self._limit:
+            return await self._prober.probe(target.endpoint, target.settings, expected_model=target.expected_model)
+
+    async def probe_round(self, names: Iterable[str] | None = None) -> ProbeRound:
+        """Probe the named targets (all by default) concurrently, once; record and report the outcome."""
+        chosen = [self._targets[n] for n in (self._targets if names is None else names) if n in self._targets]
+        results = await asyncio.gather(*(self._probe_one(t) for t in chosen))
+        transitions: list[tuple[str, Transition]] = []
+        for target, result in zip(chosen, results, strict=True):
+            state = self._states.get(target.name)
+            if state is None or self._targets.get(target.name) is not target:
+                continue  # removed or replaced while the probe was in flight
+            if result.ok:
+                self._last_ok_at[target.name] = result.at
+            transition = state.observe(result)
+            if transition is not None:
+                transitions.append((target.name, transition))
+                await self._notify(target.name, transition, result)
+        return ProbeRound(
+            results={t.name: r for t, r in zip(chosen, results, strict=True)}, transitions=tuple(transitions)
+        )
+
+    async def rounds(self) -> AsyncIterator[ProbeRound]:
+        """Forever: wait until some targets are due, probe them together, yield the round.
+
+        Drain changes are yielded at once as a round without results.
+
+        Each target's next probe is due one period after its previous one *started*, so a slow probe does not
+        stretch the period. With equal settings all targets fall into the same rounds.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._drain_changes:  # report drain changes at once, without waiting for a probe
+                changes, self._drain_changes = tuple(self._drain_changes), []
+                yield ProbeRound(results={}, transitions=changes)
+            now = loop.time()
+            due = [name for name, at in self._due.items() if at <= now]
+            if not due:
+                self._changed.clear()
+                delay = min(self._due.values(), default=now + 3600.0) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=max(delay, 0.0))
+                continue
+            for name in due:
+                self._due[name] = now + self._targets[name].settings.period_seconds
+            yield await self.probe_round(due)
+
+    async def _notify(self, name: str, transition: Transition, result: ProbeResult | None) -> None:
+        if self._on_transition is None:
+            return
+        try:
+            outcome = self._on_transition(name, transition, result)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:  # a broken observer must not stop the probes that keep traffic safe
+            log.exception("transition callback failed for %s (%s)", name, transition)

@@ -1,0 +1,93 @@
+"""The embedded default shard source: the runtime probes its own shards, no Kubernetes needed.
+
+Each shard gets a :class:`~rollout_runtime.health.HealthState`; after every probe round the source yields a
+:class:`HealthySet` of the shards that serve (Healthy or Suspect, not draining), with the time of each shard's
+latest successful probe so the dispatcher can un-eject a passively ejected shard. A shard leaves the set in the
+round that makes it Unhealthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+from rollout_runtime.health.hysteresis import HealthPhase, HealthState, ProbeSettings, Transition
+from rollout_runtime.health.monitor import HealthMonitor, ProbeTarget, TransitionCallback
+from rollout_runtime.health.probe import HttpProber, Prober
+from rollout_runtime.health.targets import ProbeTargetPolicy
+from rollout_runtime.shards.model import HealthySet, Shard
+
+__all__ = ["LocalShardSource"]
+
+
+class LocalShardSource:
+    """Probes ``shards`` every ``settings.period_seconds`` while :meth:`snapshots` is iterated.
+
+    ``prober`` defaults to an :class:`HttpProber` owned (and closed) by the source, with ``policy``, which
+    defaults to allowing exactly the configured shards' hosts (the caller configured them, so trusts them;
+    metadata and link-local addresses stay refused). Iterate :meth:`snapshots` once at a time: each iteration
+    runs the probe loop.
+    """
+
+    def __init__(
+        self,
+        shards: Iterable[Shard],
+        settings: ProbeSettings | None = None,
+        *,
+        prober: Prober | None = None,
+        policy: ProbeTargetPolicy | None = None,
+        on_transition: TransitionCallback | None = None,
+        max_concurrency: int = 64,
+    ) -> None:
+        self._shards = tuple(shards)
+        names = [s.name for s in self._shards]
+        if len(set(names)) != len(names):
+            raise ValueError(f"shard names must be unique, got {names}")
+        self.settings = settings or ProbeSettings()
+        self._owned_prober: HttpProber | None = None
+        if prober is None:
+            policy = policy or ProbeTargetPolicy.for_endpoints(s.endpoint for s in self._shards)
+            prober = self._owned_prober = HttpProber(policy)
+        elif policy is not None:
+            raise ValueError("pass either a prober or a policy for the default prober, not both")
+        self._monitor = HealthMonitor(
+            (ProbeTarget(s.name, s.endpoint, self.settings, s.model or None) for s in self._shards),
+            prober,
+            on_transition=on_transition,
+            max_concurrency=max_concurrency,
+        )
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        return self._shards
+
+    @property
+    def states(self) -> Mapping[str, HealthState]:
+        """Shard name -> its live HealthState (phase, consecutive counts, last error), for display."""
+        return self._monitor.states
+
+    def phases(self) -> dict[str, HealthPhase]:
+        """Shard name -> phase, in configuration order."""
+        states = self._monitor.states
+        return {s.name: states[s.name].phase for s in self._shards}
+
+    def current(self) -> HealthySet:
+        """The healthy set as of the latest probe round."""
+        states = self._monitor.states
+        ok_at = self._monitor.last_ok_at
+        serving = [s for s in self._shards if states[s.name].serving]
+        return HealthySet.of(serving, probe_ok_at={s.name: ok_at[s.name] for s in self._shards if s.name in ok_at})
+
+    async def set_draining(self, name: str, draining: bool = True) -> Transition | None:
+        """Stop (or resume) sending new traffic to a shard whatever its probes say; the next snapshot shows it."""
+        if name not in self._monitor.states:
+            raise KeyError(f"unknown shard {name!r}")
+        return await self._monitor.set_draining(name, draining)
+
+    async def snapshots(self) -> AsyncIterator[HealthySet]:
+        """Probe forever; yield the healthy set after every round (and after every drain change)."""
+        try:
+            async for _round in self._monitor.rounds():
+                yield self.current()
+        finally:
+            if self._owned_prober is not None:
+                await self._owned_prober.close()
