@@ -332,7 +332,11 @@ def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 def _safe_str(exc: BaseException) -> str:
+    """The exception's text; for an HTTP response error, its status and the server's own message."""
     try:
+        status, message = _http_status(exc), getattr(exc, "message", None)
+        if status is not None and isinstance(message, str) and not isinstance(exc, RolloutFailure):
+            return f"HTTP {status}: {message}" if message else f"HTTP {status}"
         return str(exc)
     except Exception:
         return f"<unprintable {type(exc).__name__}>"

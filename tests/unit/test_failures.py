@@ -1,0 +1,427 @@
+"""The failure taxonomy: what is infra, what is data, and why."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import pickle
+
+import aiohttp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_runtime import failures
+from rollout_runtime.failures import (
+    FailureClass,
+    GenerationUnavailable,
+    GymTransportError,
+    NoHealthyShards,
+    RolloutDataFailure,
+    RolloutFailure,
+    RolloutInfraFailure,
+    RolloutRedispatchExhausted,
+    RolloutStall,
+    RolloutTerminalDataFailure,
+    RolloutTimeout,
+    classify_rollout_failure,
+    failure_type,
+    http_status_is_infra,
+    picklable_failures,
+    to_picklable_failure,
+)
+
+INFRA, DATA = FailureClass.INFRA, FailureClass.DATA
+
+
+def response_error(status: int, message: str = "") -> aiohttp.ClientResponseError:
+    return aiohttp.ClientResponseError(request_info=None, history=(), status=status, message=message)  # type: ignore[arg-type]
+
+
+def chain(*excs: BaseException) -> BaseException:
+    """chain(a, b, c) is ``a`` caused by ``b`` caused by ``c``."""
+    for outer, inner in itertools.pairwise(excs):
+        outer.__cause__ = inner
+    return excs[0]
+
+
+# --- the hierarchy -----------------------------------------------------------------------------------------------
+
+
+def test_hierarchy_matches_the_seed() -> None:
+    for infra in (RolloutTimeout, GenerationUnavailable, NoHealthyShards, GymTransportError):
+        assert issubclass(infra, RolloutInfraFailure)
+    assert issubclass(RolloutInfraFailure, RolloutFailure)
+    assert issubclass(RolloutDataFailure, RolloutFailure)
+    assert issubclass(RolloutTerminalDataFailure, RolloutDataFailure)
+
+
+@pytest.mark.parametrize("run_terminal", [RolloutRedispatchExhausted, RolloutStall])
+def test_run_terminal_errors_escape_the_per_attempt_loop(run_terminal: type[RuntimeError]) -> None:
+    """The per-attempt loop catches RolloutFailure; run-terminal errors must fly past it."""
+    assert issubclass(run_terminal, RuntimeError)
+    assert not issubclass(run_terminal, RolloutFailure)
+    with pytest.raises(run_terminal):
+        try:
+            raise run_terminal("fleet is gone")
+        except RolloutFailure:  # pragma: no cover - the point is that this never matches
+            pytest.fail("a run-terminal error was caught as an attempt failure")
+
+
+def test_failure_class_is_a_string_enum() -> None:
+    assert FailureClass.INFRA == "infra"
+    assert FailureClass.DATA == "data"
+    assert FailureClass("infra") is FailureClass.INFRA
+
+
+# --- http_status_is_infra ------------------------------------------------------------------------------------------
+
+
+def expected_infra(status: int) -> bool:
+    return status >= 500 or status in (408, 425, 429)
+
+
+@pytest.mark.parametrize("status", range(100, 600))
+def test_every_status_is_classified(status: int) -> None:
+    assert http_status_is_infra(status) is expected_infra(status)
+
+
+@pytest.mark.parametrize("status", [0, 99, 600, 1000, -500])
+def test_out_of_range_status_is_rejected(status: int) -> None:
+    with pytest.raises(ValueError, match=r"within 100\.\.599"):
+        http_status_is_infra(status)
+
+
+@pytest.mark.parametrize("status", ["503", 503.0, None, True])
+def test_non_int_status_is_rejected(status: object) -> None:
+    with pytest.raises(ValueError, match="must be an int"):
+        http_status_is_infra(status)  # type: ignore[arg-type]
+
+
+def test_retriable_table_is_the_retriable_4xx() -> None:
+    assert frozenset({408, 425, 429}) == failures._RETRIABLE_HTTP_STATUSES
+
+
+# --- classify_rollout_failure: single exceptions -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        TimeoutError(),
+        ConnectionRefusedError(),
+        ConnectionResetError(),
+        BrokenPipeError(),
+        RolloutTimeout("slow"),
+        GenerationUnavailable("down"),
+        NoHealthyShards("none"),
+        GymTransportError("env gone"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientOSError(104, "reset"),  # an OSError but not a ConnectionError
+        aiohttp.ClientPayloadError("truncated"),
+        aiohttp.ServerTimeoutError("read timeout"),
+        aiohttp.ConnectionTimeoutError("connect timeout"),
+        aiohttp.SocketTimeoutError("sock read"),
+        response_error(503),
+        response_error(500),
+        response_error(429),
+        response_error(408),
+        response_error(425),
+    ],
+    ids=lambda e: f"{type(e).__name__}{getattr(e, 'status', '')}",
+)
+def test_infra_table(exc: BaseException) -> None:
+    assert classify_rollout_failure(exc) is INFRA
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("bad"),
+        KeyError("reward"),
+        RuntimeError("boom"),
+        OSError("disk"),
+        response_error(400, "maximum context length is 4096 tokens"),
+        response_error(404),
+        response_error(422),
+        response_error(200),
+        RolloutDataFailure("too long"),
+        RolloutTerminalDataFailure("forbidden"),
+        aiohttp.InvalidURL("nope"),
+    ],
+    ids=lambda e: f"{type(e).__name__}{getattr(e, 'status', '')}",
+)
+def test_everything_else_is_data(exc: BaseException) -> None:
+    assert classify_rollout_failure(exc) is DATA
+
+
+async def test_asyncio_timeouts_are_infra() -> None:
+    with pytest.raises(TimeoutError) as info:
+        async with asyncio.timeout(0):
+            await asyncio.Event().wait()
+    assert classify_rollout_failure(info.value) is INFRA
+    with pytest.raises(TimeoutError) as info:
+        await asyncio.wait_for(asyncio.Event().wait(), timeout=0)
+    assert classify_rollout_failure(info.value) is INFRA
+
+
+def test_response_error_is_judged_by_status_not_type() -> None:
+    assert classify_rollout_failure(response_error(502)) is INFRA
+    assert classify_rollout_failure(response_error(400)) is DATA
+
+
+def test_foreign_status_errors_are_judged_by_status() -> None:
+    """httpx/openai-style errors carry ``status_code`` or ``response.status_code``."""
+
+    class APIStatusError(Exception):
+        def __init__(self, status_code: int) -> None:
+            self.status_code = status_code
+
+    class Response:
+        status_code = 503
+
+    class HTTPStatusError(Exception):
+        response = Response()
+
+    assert classify_rollout_failure(APIStatusError(500)) is INFRA
+    assert classify_rollout_failure(APIStatusError(400)) is DATA
+    assert classify_rollout_failure(HTTPStatusError()) is INFRA
+
+
+def test_copies_are_matched_by_class_name() -> None:
+    """A re-declared copy (as after unpickling into another module) still classifies."""
+    copy = type("ServerDisconnectedError", (Exception,), {})
+    assert classify_rollout_failure(copy()) is INFRA
+
+
+def test_ray_errors_are_matched_by_name_only_inside_ray() -> None:
+    ray_error = type("ActorDiedError", (Exception,), {"__module__": "ray.exceptions"})
+    impostor = type("OutOfMemoryError", (Exception,), {"__module__": "torch.cuda"})
+    assert classify_rollout_failure(ray_error()) is INFRA
+    assert classify_rollout_failure(impostor()) is DATA
+
+
+# --- cause chains --------------------------------------------------------------------------------------------------
+
+
+def test_infra_under_a_wrapper_is_infra() -> None:
+    assert classify_rollout_failure(chain(RuntimeError("generation failed"), ConnectionResetError())) is INFRA
+
+
+def test_infra_beyond_the_depth_bound_is_not_seen() -> None:
+    depth = failures._MAX_CAUSE_DEPTH
+    within = chain(*[RuntimeError(str(i)) for i in range(depth)], TimeoutError())
+    beyond = chain(*[RuntimeError(str(i)) for i in range(depth + 1)], TimeoutError())
+    assert classify_rollout_failure(within) is INFRA
+    assert classify_rollout_failure(beyond) is DATA
+
+
+def test_cycles_terminate() -> None:
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert classify_rollout_failure(a) is DATA
+    c = TimeoutError()
+    d = RuntimeError("d")
+    c.__cause__, d.__cause__ = d, c
+    assert classify_rollout_failure(d) is INFRA
+
+
+def test_explicit_data_failure_wins_over_an_infra_cause() -> None:
+    assert classify_rollout_failure(chain(RolloutDataFailure("bad prompt"), TimeoutError())) is DATA
+    assert classify_rollout_failure(chain(GenerationUnavailable("x"), RolloutDataFailure("bad"))) is DATA
+
+
+def test_implicit_context_is_not_a_cause() -> None:
+    try:
+        try:
+            raise ConnectionResetError
+        except ConnectionResetError:
+            raise KeyError("bug in the handler") from None
+    except KeyError as exc:
+        assert classify_rollout_failure(exc) is DATA
+    try:
+        try:
+            raise ConnectionResetError
+        except ConnectionResetError:
+            raise KeyError("bug in the handler")  # noqa: B904 - implicit context is the case under test
+    except KeyError as exc:
+        assert exc.__context__ is not None
+        assert classify_rollout_failure(exc) is DATA
+
+
+# --- exception groups ----------------------------------------------------------------------------------------------
+
+
+def test_group_of_infra_is_infra() -> None:
+    assert classify_rollout_failure(ExceptionGroup("g", [TimeoutError(), ConnectionResetError()])) is INFRA
+
+
+def test_group_with_an_unexplained_member_is_data() -> None:
+    assert classify_rollout_failure(ExceptionGroup("g", [TimeoutError(), KeyError("bug")])) is DATA
+
+
+def test_group_with_explicit_data_is_data() -> None:
+    assert classify_rollout_failure(ExceptionGroup("g", [TimeoutError(), RolloutDataFailure("bad")])) is DATA
+
+
+def test_nested_groups_and_group_causes() -> None:
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [TimeoutError()]), ConnectionResetError()])
+    assert classify_rollout_failure(nested) is INFRA
+    assert classify_rollout_failure(chain(RuntimeError("wrap"), nested)) is INFRA
+
+
+# --- robustness ----------------------------------------------------------------------------------------------------
+
+
+class Hostile(Exception):
+    """An exception whose every introspection raises."""
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("__class__",):
+            return object.__getattribute__(self, name)
+        raise RuntimeError(f"no {name} for you")
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str either")
+
+
+def test_classification_never_raises_on_hostile_exceptions() -> None:
+    assert classify_rollout_failure(Hostile()) is DATA
+    converted = to_picklable_failure(Hostile())
+    assert classify_rollout_failure(converted) is DATA
+    pickle.loads(pickle.dumps(converted))
+
+
+# --- conversion at a process boundary ------------------------------------------------------------------------------
+
+
+def test_converted_failure_keeps_type_status_and_causes() -> None:
+    original = chain(RuntimeError("generation failed"), response_error(503, "Service Unavailable"))
+    converted = to_picklable_failure(original)
+    assert isinstance(converted, RolloutInfraFailure)
+    assert converted.status == 503
+    assert converted.original_type == "builtins.RuntimeError"
+    assert "generation failed" in str(converted)
+    assert "ClientResponseError" in str(converted)
+    assert failure_type(converted) == "RuntimeError"
+
+
+def test_converted_timeout_stays_a_timeout() -> None:
+    assert type(to_picklable_failure(TimeoutError())) is RolloutTimeout
+
+
+def test_converted_terminal_data_failure_stays_terminal() -> None:
+    converted = to_picklable_failure(chain(RuntimeError("wrap"), RolloutTerminalDataFailure("no retries")))
+    assert type(converted) is RolloutTerminalDataFailure
+
+
+def test_converted_message_is_bounded() -> None:
+    converted = to_picklable_failure(ValueError("x" * 10_000))
+    assert len(str(converted)) <= failures.MAX_MESSAGE_CHARS
+
+
+def test_run_terminal_errors_pass_through_conversion() -> None:
+    stall = RolloutStall("stuck")
+    assert to_picklable_failure(stall) is stall
+
+
+def test_unpicklable_response_error_converts_to_a_picklable_one() -> None:
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    exc = aiohttp.ClientResponseError(
+        request_info=None,  # type: ignore[arg-type]
+        history=(),
+        status=503,
+        headers=CIMultiDictProxy(CIMultiDict({"Retry-After": "1"})),
+    )
+    with pytest.raises((TypeError, pickle.PicklingError)):
+        pickle.dumps(exc)
+    restored = pickle.loads(pickle.dumps(to_picklable_failure(exc)))
+    assert classify_rollout_failure(restored) is INFRA
+    assert restored.status == 503
+
+
+def test_decorator_converts_sync_failures() -> None:
+    @picklable_failures
+    def work() -> None:
+        raise RuntimeError("wrapped") from ConnectionResetError()
+
+    with pytest.raises(RolloutInfraFailure) as info:
+        work()
+    assert info.value.__cause__ is None
+    assert classify_rollout_failure(pickle.loads(pickle.dumps(info.value))) is INFRA
+
+
+async def test_decorator_converts_async_failures_and_keeps_results() -> None:
+    @picklable_failures
+    async def ok() -> int:
+        return 7
+
+    @picklable_failures
+    async def broken() -> None:
+        raise response_error(400, "maximum context length")
+
+    assert await ok() == 7
+    with pytest.raises(RolloutDataFailure):
+        await broken()
+
+
+async def test_decorator_lets_cancellation_through() -> None:
+    @picklable_failures
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled()
+
+
+# --- properties ----------------------------------------------------------------------------------------------------
+
+LEAVES: list[type[BaseException]] = [
+    TimeoutError,
+    ConnectionResetError,
+    ValueError,
+    KeyError,
+    RuntimeError,
+    OSError,
+    RolloutDataFailure,
+    RolloutTerminalDataFailure,
+    GenerationUnavailable,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientPayloadError,
+]
+
+
+@st.composite
+def exceptions(draw: st.DrawFn, depth: int = 3) -> BaseException:
+    kind = draw(st.sampled_from(["leaf", "status", "group"] if depth > 0 else ["leaf", "status"]))
+    if kind == "status":
+        exc: BaseException = response_error(draw(st.integers(100, 599)), draw(st.text(max_size=20)))
+    elif kind == "group":
+        members = draw(st.lists(exceptions(depth=depth - 1), min_size=1, max_size=3))
+        exc = ExceptionGroup("g", [m for m in members if isinstance(m, Exception)] or [ValueError()])
+    else:
+        exc = draw(st.sampled_from(LEAVES))(draw(st.text(max_size=20)))
+    if depth > 0 and draw(st.booleans()):
+        exc.__cause__ = draw(exceptions(depth=depth - 1))
+    if draw(st.integers(0, 9)) == 0:
+        exc.__cause__ = exc  # a cycle
+    return exc
+
+
+@given(exceptions())
+def test_classification_is_total_and_deterministic(exc: BaseException) -> None:
+    """For any exception graph, classification returns a FailureClass and returns the same one every time."""
+    first = classify_rollout_failure(exc)
+    assert isinstance(first, FailureClass)
+    assert classify_rollout_failure(exc) is first
+
+
+@given(exceptions())
+def test_conversion_always_pickles_and_classifies_identically(exc: BaseException) -> None:
+    """Whatever crosses a boundary classifies on the other side exactly as it did before crossing."""
+    converted = to_picklable_failure(exc)
+    restored = pickle.loads(pickle.dumps(converted))
+    assert classify_rollout_failure(restored) is classify_rollout_failure(exc)
+    assert type(restored) is type(converted)
+    assert len(str(restored)) <= failures.MAX_MESSAGE_CHARS
