@@ -1,0 +1,223 @@
+"""The rollout side of generation: call ``/v1/completions`` on the chosen shard and fail in the taxonomy's terms.
+
+What a failure means decides what the dispatcher does with it, so the mapping is explicit:
+
+- cannot connect, connection dropped, response cut off -> :class:`GenerationUnavailable` (infra);
+- no answer within the deadline -> :class:`RolloutTimeout` (infra);
+- an HTTP error status -> :func:`http_status_is_infra` decides (5xx, 408, 425, 429: GenerationUnavailable with the
+  status; any other 4xx: :class:`RolloutDataFailure` with the server's own message, bounded), with one exception:
+  vLLM's 404 "The model `x` does not exist." says the *shard* serves the wrong model, which another shard fixes, so
+  it is GenerationUnavailable;
+- a 200 whose body is not a completion -> RolloutDataFailure (the server answered; retrying elsewhere would not
+  change the protocol), except a body larger than the bound, which is GenerationUnavailable.
+
+A prompt longer than ``max_model_len`` arrives as vLLM's 400 ("This model's maximum context length is N tokens...")
+and becomes a RolloutDataFailure carrying that message, so the ledger says exactly why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+
+from rollout_runtime.failures import (
+    MAX_MESSAGE_CHARS,
+    GenerationUnavailable,
+    RolloutDataFailure,
+    RolloutTimeout,
+    http_status_is_infra,
+)
+from rollout_runtime.shards.model import Shard
+
+__all__ = ["Completion", "GenerationClient"]
+
+DEFAULT_MAX_RESPONSE_BYTES: Final[int] = 8 * 1024 * 1024
+_MODEL_MISSING: Final[re.Pattern[str]] = re.compile(r"The model `.*` does not exist")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion choice and its accounting."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    shard: str
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _server_message(body: bytes) -> str:
+    """The error message from an OpenAI/vLLM error body (``message`` or ``error.message``), else the raw text."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        return body.decode("utf-8", errors="replace").strip()
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        for holder in (payload, error if isinstance(error, dict) else {}):
+            message = holder.get("message")
+            if isinstance(message, str):
+                return message
+        if isinstance(error, str):
+            return error
+    return body.decode("utf-8", errors="replace").strip()
+
+
+class GenerationClient:
+    """Calls a shard's OpenAI-compatible completions API. One ClientSession, created on first use.
+
+    ``timeout_seconds`` bounds one whole request; the dispatcher's per-attempt timeout usually bounds it as well.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float = 300.0,
+        connect_timeout_seconds: float = 10.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_connections: int = 512,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if timeout_seconds <= 0 or connect_timeout_seconds <= 0 or max_response_bytes <= 0:
+            raise ValueError("timeouts and max_response_bytes must be positive")
+        self.timeout_seconds = timeout_seconds
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout_seconds)
+        self.max_response_bytes = max_response_bytes
+        self._max_connections = max_connections
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> GenerationClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            if not self._owns_session:
+                raise RuntimeError("the ClientSession passed to GenerationClient is closed")
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections), trust_env=False
+            )
+        return self._session
+
+    async def complete(
+        self,
+        shard: Shard,
+        prompt: str,
+        *,
+        max_tokens: int | None = 64,
+        temperature: float = 0.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """POST ``/v1/completions`` for one prompt; return the first choice. Raises taxonomy failures only."""
+        payload: dict[str, Any] = {"prompt": prompt, "temperature": temperature, **(extra or {})}
+        if shard.model:
+            payload["model"] = shard.model
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
+        body = await self._post(shard, "/v1/completions", payload)
+        return self._parse(shard, body, chat=False)
+
+    async def chat(
+        self,
+        shard: Shard,
+        messages: list[Mapping[str, Any]],
+        *,
+        max_tokens: int | None = 64,
+        temperature: float = 0.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """POST ``/v1/chat/completions``; return the first choice's message content."""
+        payload: dict[str, Any] = {"messages": list(messages), "temperature": temperature, **(extra or {})}
+        if shard.model:
+            payload["model"] = shard.model
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
+        body = await self._post(shard, "/v1/chat/completions", payload)
+        return self._parse(shard, body, chat=True)
+
+    async def _post(self, shard: Shard, path: str, payload: Mapping[str, Any]) -> bytes:
+        url = shard.endpoint + path
+        where = f"shard {shard.name} ({shard.endpoint})"
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                async with self._get_session().post(url, json=payload, timeout=self._timeout) as response:
+                    body = await self._read_bounded(response, where)
+                    status = response.status
+        except TimeoutError as exc:
+            raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+            raise GenerationUnavailable(f"{where}: {type(exc).__name__}: {exc}") from exc
+        except aiohttp.ClientResponseError as exc:  # an unparseable HTTP response: the shard is broken
+            raise GenerationUnavailable(f"{where}: invalid HTTP response: {exc.message}", status=exc.status) from exc
+        if status >= 400 or status < 200:
+            self._raise_for_status(status, body, where)
+        return body
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse, where: str) -> bytes:
+        limit = self.max_response_bytes
+        too_large = f"{where}: response larger than {limit} bytes"
+        if response.content_length is not None and response.content_length > limit:
+            raise GenerationUnavailable(too_large, status=response.status)
+        buffer = bytearray()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            buffer += chunk
+            if len(buffer) > limit:
+                raise GenerationUnavailable(too_large, status=response.status)
+        return bytes(buffer)
+
+    @staticmethod
+    def _raise_for_status(status: int, body: bytes, where: str) -> None:
+        message = _bounded(_server_message(body[: MAX_MESSAGE_CHARS * 4]) or f"HTTP {status}")
+        if status < 200 or 300 <= status < 400:
+            raise RolloutDataFailure(_bounded(f"{where} answered HTTP {status}: {message}"), status=status)
+        if http_status_is_infra(status):
+            raise GenerationUnavailable(_bounded(f"{where} answered HTTP {status}: {message}"), status=status)
+        if status == 404 and _MODEL_MISSING.search(message):
+            raise GenerationUnavailable(_bounded(f"{where} does not serve the model: {message}"), status=status)
+        raise RolloutDataFailure(message, status=status)
+
+    @staticmethod
+    def _parse(shard: Shard, body: bytes, *, chat: bool) -> Completion:
+        where = f"shard {shard.name}"
+        try:
+            payload = json.loads(body)
+            choice = payload["choices"][0]
+            text = choice["message"]["content"] if chat else choice["text"]
+            if not isinstance(text, str):
+                raise TypeError("completion text is not a string")
+            usage = payload.get("usage") or {}
+            finish = choice.get("finish_reason")
+            return Completion(
+                text=text,
+                finish_reason=finish if isinstance(finish, str) else None,
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+                model=str(payload.get("model") or shard.model),
+                shard=shard.name,
+                raw=payload,
+            )
+        except (ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
+            raise RolloutDataFailure(
+                _bounded(f"{where} returned 200 with a body that is not a completion: {type(exc).__name__}: {exc}"),
+                status=200,
+            ) from exc

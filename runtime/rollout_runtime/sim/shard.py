@@ -1,0 +1,516 @@
+"""A simulated generation shard: a real aiohttp server speaking the OpenAI-compatible subset vLLM serves.
+
+Endpoints: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, plus ``/admin/faults``
+(GET the faults; POST merges fields, PUT replaces them) and ``/admin/stats``.
+
+The "model" is deterministic so an environment can verify answers (:func:`expected_answer`): a prompt ending in an
+arithmetic question (``What is 12 * 7?``) is answered with the number; ``reverse: a b c`` with ``c b a``; anything
+else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enforced with vLLM's own 400 body.
+
+Faults (:class:`SimFaults`), settable by flags and at run time: hang (accept, never answer, until lifted), slow
+(added latency), errors by status (a rate, or a deterministic burst of the next N requests), connection dropped
+mid-response (a rate, or the next N), serving the wrong model, an unhealthy ``/health``, and crash (the process
+exits at once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Final
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "READY_PREFIX",
+    "SimFaults",
+    "SimShardConfig",
+    "count_tokens",
+    "create_app",
+    "expected_answer",
+    "vllm_context_length_message",
+]
+
+log = logging.getLogger(__name__)
+
+READY_PREFIX: Final[str] = "SIM_SHARD_READY "
+"""The line a sim shard prints on stdout once it listens, followed by JSON: host, port, pid, model."""
+CRASH_EXIT_CODE: Final[int] = 3
+_MAX_CHOICES: Final[int] = 16
+_ARITHMETIC = re.compile(r"(-?\d{1,12})\s*([-+*])\s*(-?\d{1,12})")
+
+
+class SimFaults(BaseModel):
+    """What is wrong with the shard right now. The default is nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hang: bool = False
+    """Accept requests (also /health) but answer none until the hang is lifted (admin is never hung)."""
+    slow_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """Added latency on generation requests."""
+    error_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Fraction of generation requests answered with ``error_status``."""
+    error_status: Annotated[int, Field(ge=400, le=599)] = 503
+    fail_next: Annotated[int, Field(ge=0)] = 0
+    """The next N generation requests fail with ``error_status`` (a deterministic burst)."""
+    drop_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Fraction of generation responses cut off mid-body (the connection is closed)."""
+    drop_next: Annotated[int, Field(ge=0)] = 0
+    """The next N generation responses are cut off mid-body."""
+    wrong_model: str | None = None
+    """Serve this model name instead of the configured one."""
+    unhealthy: bool = False
+    """``/health`` answers 503 (the process otherwise works): for flapping shards."""
+    crash: bool = False
+    """Exit the process at once (via the admin endpoint: right after answering)."""
+    crash_after_requests: Annotated[int, Field(ge=1)] | None = None
+    """Exit the process on the Nth generation request from now, without answering it."""
+
+    @model_validator(mode="after")
+    def _named_model(self) -> SimFaults:
+        if self.wrong_model is not None and not self.wrong_model.strip():
+            raise ValueError("wrong_model must be a non-empty model name or null")
+        return self
+
+
+class SimShardConfig(BaseModel):
+    """How a sim shard is configured at start."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(min_length=1, max_length=256)] = "sim-model"
+    max_model_len: Annotated[int, Field(gt=0)] = 4096
+    seed: int = 0
+    """Seeds the random choices of ``error_rate`` and ``drop_rate``."""
+    max_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
+    faults: SimFaults = Field(default_factory=SimFaults)
+
+
+def count_tokens(text: str) -> int:
+    """The sim's tokenizer: whitespace-separated words."""
+    return len(text.split())
+
+
+def expected_answer(prompt: str) -> str:
+    """The sim model's answer to a prompt (an environment verifier can compute it too).
+
+    - the last ``a op b`` (op one of + - *) in the prompt: the result, e.g. "What is 12 * 7?" -> "84";
+    - ``reverse: w1 w2 w3`` -> "w3 w2 w1";
+    - otherwise the prompt itself, whitespace-normalised.
+    """
+    matches = _ARITHMETIC.findall(prompt)
+    if matches:
+        a, op, b = matches[-1]
+        x, y = int(a), int(b)
+        return str(x + y if op == "+" else x - y if op == "-" else x * y)
+    _, sep, tail = prompt.partition("reverse:")
+    if sep:
+        return " ".join(reversed(tail.split()))
+    return " ".join(prompt.split())
+
+
+def vllm_context_length_message(max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> str:
+    """vLLM's (0.6-0.10 OpenAI server) exact wording when a request exceeds ``max_model_len``."""
+    if max_tokens is None:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_tokens} tokens in the messages, Please reduce the length of the messages."
+        )
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{max_tokens + prompt_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). "
+        f"Please reduce the length of the messages or completion."
+    )
+
+
+_ERROR_TYPES: Final[dict[int, str]] = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestEntityTooLargeError",
+    429: "TooManyRequestsError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_response(status: int, message: str, *, param: str | None = None) -> web.Response:
+    """An error in the shape vLLM's OpenAI server uses: ``{"object": "error", "message", "type", "param", "code"}``."""
+    body = {
+        "object": "error",
+        "message": message,
+        "type": _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
+        "param": param,
+        "code": status,
+    }
+    return web.json_response(body, status=status)
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _text_of(content: Any) -> str:
+    """Chat message content: a string, or OpenAI content parts (text parts joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(p for p in parts if isinstance(p, str))
+    if content is None:
+        return ""
+    raise _BadRequest("message content must be a string or a list of content parts")
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, *, minimum: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _BadRequest(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class SimShard:
+    """The server state: config, live faults, counters. :meth:`app` builds the aiohttp application."""
+
+    def __init__(self, config: SimShardConfig, *, exit_process: Callable[[int], None] = os._exit) -> None:
+        self.config = config
+        self.faults = config.faults.model_copy()
+        self.stats: Counter[str] = Counter()
+        self._random = random.Random(config.seed)
+        self._unhang = asyncio.Event()
+        self._exit_process = exit_process
+        self._requests_until_crash = self.faults.crash_after_requests
+
+    @property
+    def served_model(self) -> str:
+        return self.faults.wrong_model or self.config.model
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors_as_json])
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/admin/faults", self._get_faults)
+        app.router.add_post("/admin/faults", self._merge_faults)
+        app.router.add_put("/admin/faults", self._replace_faults)
+        app.router.add_get("/admin/stats", self._get_stats)
+        return app
+
+    # ------------------------------------------------------------------------------------------ plumbing
+
+    @web.middleware
+    async def _errors_as_json(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _BadRequest as exc:
+            self.stats["bad_requests"] += 1
+            return error_response(exc.status, str(exc))
+        except web.HTTPException as exc:  # 404, 405, 413 from aiohttp itself
+            if exc.status < 400:
+                raise
+            return error_response(exc.status, exc.reason)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("sim shard: unexpected error in %s %s", request.method, request.path)
+            return error_response(500, "internal error in the simulated shard")
+
+    async def _wait_if_hung(self) -> None:
+        while self.faults.hang:
+            self.stats["hung"] += 1
+            self._unhang.clear()
+            await self._unhang.wait()
+
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()  # bounded by client_max_size (413 beyond it)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise _BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("request body must be a JSON object")
+        return body
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        requested = body.get("model")
+        if requested is not None and requested != self.served_model:
+            raise _BadRequest(f"The model `{str(requested)[:200]}` does not exist.", status=404)
+
+    def _crash(self) -> None:
+        log.warning("sim shard: crashing on purpose (exit %d)", CRASH_EXIT_CODE)
+        self._exit_process(CRASH_EXIT_CODE)
+
+    async def _generation_faults(self) -> web.Response | None:
+        """Apply the faults that hit a generation request before it is answered; return an error to send."""
+        self.stats["generation_requests"] += 1
+        if self._requests_until_crash is not None:
+            self._requests_until_crash -= 1
+            if self._requests_until_crash <= 0:
+                self._crash()
+        await self._wait_if_hung()
+        if self.faults.fail_next > 0 or (self.faults.error_rate and self._random.random() < self.faults.error_rate):
+            self.faults.fail_next = max(0, self.faults.fail_next - 1)
+            self.stats[f"errors_{self.faults.error_status}"] += 1
+            return error_response(self.faults.error_status, f"injected fault: HTTP {self.faults.error_status}")
+        if self.faults.slow_seconds:
+            await asyncio.sleep(self.faults.slow_seconds)
+        return None
+
+    async def _respond(self, request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
+        body = json.dumps(payload).encode()
+        drop = self.faults.drop_next > 0 or (self.faults.drop_rate and self._random.random() < self.faults.drop_rate)
+        if not drop:
+            self.stats["completions"] += 1
+            return web.Response(body=body, content_type="application/json")
+        self.faults.drop_next = max(0, self.faults.drop_next - 1)
+        self.stats["dropped"] += 1
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": str(len(body))})
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        if request.transport is not None:
+            request.transport.close()
+        return response
+
+    # ------------------------------------------------------------------------------------------ endpoints
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        await self._wait_if_hung()
+        if self.faults.unhealthy:
+            return web.Response(status=503)
+        return web.Response(status=200)  # vLLM answers 200 with an empty body
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        await self._wait_if_hung()
+        card = {
+            "id": self.served_model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.served_model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    def _budget(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """Tokens the completion may use; raises vLLM's context-length error when the request does not fit."""
+        limit = self.config.max_model_len
+        if (max_tokens is None and prompt_tokens >= limit) or (
+            max_tokens is not None and prompt_tokens + max_tokens > limit
+        ):
+            raise _BadRequest(vllm_context_length_message(limit, prompt_tokens, max_tokens))
+        return max_tokens if max_tokens is not None else limit - prompt_tokens
+
+    @staticmethod
+    def _generate(prompt: str, budget: int) -> tuple[str, int, str]:
+        words = expected_answer(prompt).split()
+        finish = "stop" if len(words) <= budget else "length"
+        words = words[:budget]
+        return " ".join(words), len(words), finish
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        self._check_model(body)
+        if body.get("stream"):
+            raise _BadRequest("stream=true is not supported by the simulated shard")
+        raw_prompt = body.get("prompt")
+        prompts: list[str]
+        if isinstance(raw_prompt, str):
+            prompts = [raw_prompt]
+        elif isinstance(raw_prompt, list) and raw_prompt and all(isinstance(p, str) for p in raw_prompt):
+            prompts = list(raw_prompt)
+        elif isinstance(raw_prompt, list) and raw_prompt and all(type(t) is int for t in raw_prompt):
+            prompts = [" ".join(str(t) for t in raw_prompt)]
+        else:
+            raise _BadRequest("prompt must be a string, a list of strings, or a list of token ids")
+        max_tokens = _int_field(body, "max_tokens", 16, minimum=1)  # vLLM's completions default is 16
+        n = _int_field(body, "n", 1, minimum=1) or 1
+        if n > _MAX_CHOICES or len(prompts) > _MAX_CHOICES:
+            raise _BadRequest(f"at most {_MAX_CHOICES} prompts and choices per request")
+        budgets = [self._budget(count_tokens(p), max_tokens) for p in prompts]
+        failure = await self._generation_faults()
+        if failure is not None:
+            return failure
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        for prompt, budget in zip(prompts, budgets, strict=True):
+            prompt_tokens += count_tokens(prompt)
+            for _ in range(n):
+                text, used, finish = self._generate(prompt, budget)
+                completion_tokens += used
+                choices.append(
+                    {
+                        "index": len(choices),
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                    }
+                )
+        return await self._respond(
+            request,
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.served_model,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        self._check_model(body)
+        if body.get("stream"):
+            raise _BadRequest("stream=true is not supported by the simulated shard")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _BadRequest("messages must be a non-empty list of message objects")
+        texts = [_text_of(m.get("content")) for m in messages]
+        prompt_tokens = sum(count_tokens(t) for t in texts)
+        user_texts = [t for m, t in zip(messages, texts, strict=True) if m.get("role") == "user"]
+        max_tokens = _int_field(body, "max_completion_tokens", None, minimum=1)
+        if max_tokens is None:
+            max_tokens = _int_field(body, "max_tokens", None, minimum=1)
+        n = _int_field(body, "n", 1, minimum=1) or 1
+        if n > _MAX_CHOICES:
+            raise _BadRequest(f"at most {_MAX_CHOICES} choices per request")
+        budget = self._budget(prompt_tokens, max_tokens)
+        failure = await self._generation_faults()
+        if failure is not None:
+            return failure
+        question = user_texts[-1] if user_texts else texts[-1]
+        choices: list[dict[str, Any]] = []
+        completion_tokens = 0
+        for index in range(n):
+            text, used, finish = self._generate(question, budget)
+            completion_tokens += used
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            )
+        return await self._respond(
+            request,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.served_model,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+
+    # ------------------------------------------------------------------------------------------ admin
+
+    async def _get_faults(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.faults.model_dump(mode="json"))
+
+    async def _merge_faults(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        return self._apply_faults({**self.faults.model_dump(), **body})
+
+    async def _replace_faults(self, request: web.Request) -> web.StreamResponse:
+        return self._apply_faults(await self._json_body(request))
+
+    def _apply_faults(self, fields: dict[str, Any]) -> web.StreamResponse:
+        try:
+            faults = SimFaults.model_validate(fields)
+        except ValidationError as exc:
+            errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:10])
+            raise _BadRequest(f"invalid faults: {errors}") from None
+        self.faults = faults
+        self._requests_until_crash = faults.crash_after_requests
+        if not faults.hang:
+            self._unhang.set()
+        if faults.crash:
+            asyncio.get_running_loop().call_soon(self._crash)  # after this response is written
+            return web.json_response({"crashing": True}, status=202)
+        return web.json_response(faults.model_dump(mode="json"))
+
+    async def _get_stats(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(dict(self.stats))
+
+
+def create_app(config: SimShardConfig | None = None) -> web.Application:
+    """Build the sim shard application (for in-process use in tests; the CLI runs it in its own process)."""
+    return SimShard(config or SimShardConfig()).app()
+
+
+def _bound_port(site: web.TCPSite, requested: int) -> int:
+    """The port a site listens on (the kernel's choice when ``requested`` is 0)."""
+    sockets = getattr(site._server, "sockets", None) or ()
+    for sock in sockets:
+        return int(sock.getsockname()[1])
+    return requested
+
+
+async def serve(
+    config: SimShardConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    exit_with_parent: bool = False,
+    ready: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Run a sim shard until SIGTERM/SIGINT (or, with ``exit_with_parent``, until the parent process is gone).
+
+    ``ready`` is called with ``{"host", "port", "pid", "model"}`` once the socket listens (the CLI prints it),
+    so a parent can ask for port 0 and learn the real one.
+    """
+    import signal
+
+    shard = SimShard(config)
+    runner = web.AppRunner(shard.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = _bound_port(site, port)
+        if ready is not None:
+            ready({"host": host, "port": bound_port, "pid": os.getpid(), "model": config.model})
+        parent = os.getppid()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            except TimeoutError:
+                if exit_with_parent and os.getppid() != parent:
+                    log.warning("sim shard: parent %d is gone, exiting", parent)
+                    break
+    finally:
+        await runner.cleanup()
