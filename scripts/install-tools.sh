@@ -39,41 +39,61 @@ run() {
   fi
 }
 
-# stamp DIR: a tool dir is usable only once its stamp exists (an interrupted build is redone, not reused).
+# installed DIR: a tool dir is usable only once its stamp exists (an interrupted build is redone, not reused).
 installed() { [[ -f "$1/.complete" ]]; }
 
+# locked NAME CMD...: one install of a tool at a time; parallel runs sharing the cache wait, then find it cached.
+locked() {
+  local name="$1" fd; shift
+  exec {fd}>"$TOOLS/.$name.lock"
+  if ! flock -n "$fd"; then
+    say "$name: another install of it is running; waiting for that one"
+    flock "$fd"
+  fi
+  "$@"
+  exec {fd}>&-
+}
+
+need flock "it comes with util-linux (Debian: 'apt-get install util-linux')"
 mkdir -p "$TOOLS"
 T0=$SECONDS
 
+# --- Go wrapper modules ---------------------------------------------------------------------------------------
+# k8s.io/kubernetes and go.etcd.io/etcd/server/v3 cannot be `go install`ed: their go.mod files replace sibling
+# modules with local paths. A generated wrapper module requires the real module and replaces each of those
+# siblings with its published version; its main.go is the upstream main.
+# wrapper_module WORKDIR MODULE VERSION SIBLING_VERSION (main.go on stdin)
+wrapper_module() {
+  local work="$1" module="$2" version="$3" sibling_version="$4" gomod siblings
+  mkdir -p "$work"
+  cat >"$work/main.go"
+  run "$work/download.log" go mod download "$module@$version"
+  gomod="$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
+  [[ -f "$gomod" ]] || die "could not read go.mod of $module@$version"
+  siblings="$(sed -n 's#^[[:space:]]*\([^[:space:]]*\) => \.\{1,2\}/.*#\1#p' "$gomod" | grep -v FORBIDDEN || true)"
+  [[ -n "$siblings" ]] || die "no local replace directives found in $gomod (has its layout changed?)"
+  {
+    echo "module rolloutfleet.local/wrapper"
+    echo
+    grep -m1 '^go ' "$gomod"
+    echo
+    echo "require $module $version"
+    echo
+    echo "replace ("
+    for m in $siblings; do echo "	$m => $m $sibling_version"; done
+    echo ")"
+  } >"$work/go.mod"
+  (cd "$work" && run "$work/tidy.log" go mod tidy)
+}
+
 # --- kube-apiserver -------------------------------------------------------------------------------------------
-# k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every k8s.io/* staging module with a local path.
-# A generated wrapper module requires it and replaces each staging module with its published v0.X.Y twin.
 build_kube_apiserver() {
   local dir="$TOOLS/kube-apiserver-$KUBERNETES_VERSION"
   installed "$dir" && { say "kube-apiserver $KUBERNETES_VERSION: cached"; return; }
-  need go "install Go (https://go.dev) 1.25 or newer: kube-apiserver is built from source"
+  need go "install Go 1.25 or newer: kube-apiserver is built from source"
   say "kube-apiserver $KUBERNETES_VERSION: building (cold: ~10 min on 2 cores)"
-  local work="$dir/src" staging v
-  rm -rf "$dir"; mkdir -p "$work" "$dir/bin"
-  run "$dir/download.log" go mod download "k8s.io/kubernetes@v$KUBERNETES_VERSION"
-  local kmod
-  kmod="$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
-  [[ -f "$kmod" ]] || die "could not read go.mod of k8s.io/kubernetes@v$KUBERNETES_VERSION"
-  staging="$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$kmod")"
-  [[ -n "$staging" ]] || die "no staging replace directives found in $kmod"
-  v="v0.${KUBERNETES_VERSION#1.}"
-  {
-    echo "module rolloutfleet.local/kube-apiserver"
-    echo
-    sed -n 's/^go \(.*\)/go \1/p' "$kmod"
-    echo
-    echo "require k8s.io/kubernetes v$KUBERNETES_VERSION"
-    echo
-    echo "replace ("
-    for m in $staging; do echo "	$m => $m $v"; done
-    echo ")"
-  } >"$work/go.mod"
-  cat >"$work/main.go" <<'GO'
+  rm -rf "$dir"; mkdir -p "$dir/bin"
+  wrapper_module "$dir/src" k8s.io/kubernetes "v$KUBERNETES_VERSION" "v0.${KUBERNETES_VERSION#1.}" <<'GO'
 // Command kube-apiserver: the upstream main (cmd/kube-apiserver/apiserver.go), built from published modules.
 package main
 
@@ -92,30 +112,43 @@ func main() {
 	os.Exit(cli.Run(app.NewAPIServerCommand()))
 }
 GO
-  (cd "$work" && run "$dir/tidy.log" go mod tidy)
-  local major="${KUBERNETES_VERSION%%.*}" minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
-  local ld="-s -w"
+  # Stamp the version the way upstream's release build does: /version, helm's kubeVersion checks and
+  # compatibility-version logic read it.
+  local major="${KUBERNETES_VERSION%%.*}" minor="${KUBERNETES_VERSION#*.}" ld="-s -w" p
+  minor="${minor%%.*}"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $p.gitVersion=v$KUBERNETES_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$work" && run "$dir/build.log" go build -trimpath -ldflags "$ld" -o "$dir/bin/kube-apiserver" .)
+  (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "$ld" -o "$dir/bin/kube-apiserver" .)
   "$dir/bin/kube-apiserver" --version | grep -q "v$KUBERNETES_VERSION" || die "built kube-apiserver reports a wrong version"
   touch "$dir/.complete"
   say "kube-apiserver $KUBERNETES_VERSION: built"
 }
 
 # --- etcd -----------------------------------------------------------------------------------------------------
-# go.etcd.io/etcd/server/v3 has a main package and no replace directives, so plain `go install` works.
 build_etcd() {
   local dir="$TOOLS/etcd-$ETCD_VERSION"
   installed "$dir" && { say "etcd $ETCD_VERSION: cached"; return; }
-  need go "install Go (https://go.dev) 1.25 or newer: etcd is built from source"
-  say "etcd $ETCD_VERSION: building"
+  need go "install Go 1.25 or newer: etcd is built from source"
+  say "etcd $ETCD_VERSION: building (cold: ~2 min)"
   rm -rf "$dir"; mkdir -p "$dir/bin"
-  GOBIN="$dir/gobin" run "$dir/build.log" go install -trimpath -ldflags "-s -w" "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-  mv "$dir/gobin/server" "$dir/bin/etcd"; rmdir "$dir/gobin"
-  "$dir/bin/etcd" --version | grep -q "$ETCD_VERSION" || die "built etcd reports a wrong version"
+  wrapper_module "$dir/src" go.etcd.io/etcd/server/v3 "v$ETCD_VERSION" "v$ETCD_VERSION" <<'GO'
+// Command etcd: the upstream main (server/main.go), built from published modules.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}
+GO
+  (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "-s -w" -o "$dir/bin/etcd" .)
+  "$dir/bin/etcd" --version | grep -q "etcd Version: $ETCD_VERSION" || die "built etcd reports a wrong version"
   touch "$dir/.complete"
   say "etcd $ETCD_VERSION: built"
 }
@@ -124,7 +157,7 @@ build_etcd() {
 build_helm() {
   local dir="$TOOLS/helm-$HELM_VERSION"
   installed "$dir" && { say "helm $HELM_VERSION: cached"; return; }
-  need go "install Go (https://go.dev) 1.25 or newer: helm is built from source"
+  need go "install Go 1.25 or newer: helm is built from source"
   say "helm $HELM_VERSION: building"
   rm -rf "$dir"; mkdir -p "$dir/bin"
   local ld="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
@@ -173,10 +206,10 @@ or any kubectl >= $KUBECTL_MIN_VERSION on PATH, or set KUBECTL=/path/to/kubectl)
 for tool in "${WANT[@]}"; do
   case "$tool" in
     kubectl) check_kubectl ;;
-    prometheus) install_prometheus ;;
-    etcd) build_etcd ;;
-    helm) build_helm ;;
-    kube-apiserver) build_kube_apiserver ;;
+    prometheus) locked prometheus install_prometheus ;;
+    etcd) locked etcd build_etcd ;;
+    helm) locked helm build_helm ;;
+    kube-apiserver) locked kube-apiserver build_kube_apiserver ;;
     *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver)" ;;
   esac
 done

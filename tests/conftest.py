@@ -1,0 +1,9 @@
+pytest_plugins = [
+    "support.loops",
+    "support.tools",
+    "support.controlplane",
+    "support.helm",
+    "support.prometheus",
+    "support.chart",
+    "support.kmockfix",
+]
