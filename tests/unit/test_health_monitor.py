@@ -10,6 +10,7 @@ import pytest
 from rollout_runtime.health import (
     HealthMonitor,
     HealthPhase,
+    HealthState,
     ProbeReason,
     ProbeResult,
     ProbeSettings,
@@ -141,3 +142,13 @@ async def test_replacing_targets_keeps_surviving_state_and_probes_newcomers_at_o
 def test_max_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
         HealthMonitor([], ScriptedProber({}), max_concurrency=0)
+
+
+async def test_new_targets_can_start_from_a_restored_state() -> None:
+    restored = HealthState.restore(SETTINGS, HealthPhase.HEALTHY, consecutive_successes=2)
+    monitor = HealthMonitor([], ScriptedProber({"a": "-"}))
+    monitor.set_targets(targets("a"), initial_states={"a": restored, "unknown": HealthState()})
+    assert set(monitor.states) == {"a"}
+    assert monitor.states["a"].serving
+    await monitor.probe_round()
+    assert monitor.states["a"].phase is HealthPhase.SUSPECT  # resumed, not restarted from Pending

@@ -86,8 +86,14 @@ class HealthMonitor:
         """Name -> wall-clock time of the latest successful probe, for targets that ever answered."""
         return dict(self._last_ok_at)
 
-    def set_targets(self, targets: Iterable[ProbeTarget]) -> None:
+    def set_targets(
+        self, targets: Iterable[ProbeTarget], *, initial_states: Mapping[str, HealthState] | None = None
+    ) -> None:
+        """Replace the targets. Surviving names keep their state; new names start from ``initial_states`` (an
+        operator restoring persisted status) or Pending; removed names are forgotten. New names are probed at once.
+        """
         new = {t.name: t for t in targets}
+        seeds = initial_states or {}
         for name in list(self._targets):
             if name not in new:
                 del self._targets[name], self._states[name]
@@ -97,7 +103,10 @@ class HealthMonitor:
             if name in self._states:
                 self._states[name].settings = target.settings
             else:
-                self._states[name] = HealthState(target.settings)
+                seeded = seeds.get(name)
+                if seeded is not None:
+                    seeded.settings = target.settings
+                self._states[name] = seeded if seeded is not None else HealthState(target.settings)
                 self._due[name] = float("-inf")  # probe new targets at once
             self._targets[name] = target
         self._changed.set()
