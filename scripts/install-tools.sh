@@ -90,6 +90,7 @@ wrapper_module() {
 build_kube_apiserver() {
   local dir="$TOOLS/kube-apiserver-$KUBERNETES_VERSION"
   installed "$dir" && { say "kube-apiserver $KUBERNETES_VERSION: cached"; return; }
+  local t0=$SECONDS
   need go "install Go 1.25 or newer: kube-apiserver is built from source"
   say "kube-apiserver $KUBERNETES_VERSION: building (cold: ~10 min on 2 cores)"
   rm -rf "$dir"; mkdir -p "$dir/bin"
@@ -123,13 +124,14 @@ GO
   (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "$ld" -o "$dir/bin/kube-apiserver" .)
   "$dir/bin/kube-apiserver" --version | grep -q "v$KUBERNETES_VERSION" || die "built kube-apiserver reports a wrong version"
   touch "$dir/.complete"
-  say "kube-apiserver $KUBERNETES_VERSION: built"
+  say "kube-apiserver $KUBERNETES_VERSION: built in $((SECONDS - t0)) s"
 }
 
 # --- etcd -----------------------------------------------------------------------------------------------------
 build_etcd() {
   local dir="$TOOLS/etcd-$ETCD_VERSION"
   installed "$dir" && { say "etcd $ETCD_VERSION: cached"; return; }
+  local t0=$SECONDS
   need go "install Go 1.25 or newer: etcd is built from source"
   say "etcd $ETCD_VERSION: building (cold: ~2 min)"
   rm -rf "$dir"; mkdir -p "$dir/bin"
@@ -150,13 +152,14 @@ GO
   (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "-s -w" -o "$dir/bin/etcd" .)
   "$dir/bin/etcd" --version | grep -q "etcd Version: $ETCD_VERSION" || die "built etcd reports a wrong version"
   touch "$dir/.complete"
-  say "etcd $ETCD_VERSION: built"
+  say "etcd $ETCD_VERSION: built in $((SECONDS - t0)) s"
 }
 
 # --- helm -----------------------------------------------------------------------------------------------------
 build_helm() {
   local dir="$TOOLS/helm-$HELM_VERSION"
   installed "$dir" && { say "helm $HELM_VERSION: cached"; return; }
+  local t0=$SECONDS
   need go "install Go 1.25 or newer: helm is built from source"
   say "helm $HELM_VERSION: building"
   rm -rf "$dir"; mkdir -p "$dir/bin"
@@ -164,13 +167,14 @@ build_helm() {
   GOBIN="$dir/bin" run "$dir/build.log" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
   "$dir/bin/helm" version --short | grep -q "v$HELM_VERSION" || die "built helm reports a wrong version"
   touch "$dir/.complete"
-  say "helm $HELM_VERSION: built"
+  say "helm $HELM_VERSION: built in $((SECONDS - t0)) s"
 }
 
 # --- prometheus + promtool ------------------------------------------------------------------------------------
 install_prometheus() {
   local dir="$TOOLS/prometheus-$PROMETHEUS_DEB_VERSION"
   installed "$dir" && { say "prometheus $PROMETHEUS_DEB_VERSION: cached"; return; }
+  local t0=$SECONDS
   need apt-get "prometheus comes from Debian's package; on a non-Debian machine put prometheus and promtool in $dir/bin"
   need dpkg-deb "prometheus comes from Debian's package (dpkg-deb unpacks it)"
   say "prometheus $PROMETHEUS_DEB_VERSION: downloading the Debian package"
@@ -186,7 +190,7 @@ install_prometheus() {
   rm -rf "$dir/deb"
   "$dir/bin/promtool" --version >/dev/null 2>&1 || die "unpacked promtool does not run"
   touch "$dir/.complete"
-  say "prometheus $PROMETHEUS_DEB_VERSION: unpacked"
+  say "prometheus $PROMETHEUS_DEB_VERSION: unpacked in $((SECONDS - t0)) s"
 }
 
 # --- kubectl (preinstalled) -----------------------------------------------------------------------------------

@@ -79,8 +79,13 @@ class ControlPlane:
         wait_until(self._etcd_healthy, timeout=START_TIMEOUT, what="etcd", process=self.etcd)
 
     def stop_etcd(self) -> None:
-        """Stop etcd gracefully (the apiserver keeps running and reports it unready)."""
+        """Stop etcd gracefully; the apiserver keeps running, unready. Takes ~7 s while the apiserver is connected:
+        etcd drains its gRPC streams (the apiserver's watches) for up to its request timeout."""
         self.etcd.stop()
+
+    def kill_etcd(self) -> None:
+        """SIGKILL etcd (a crash: no graceful close of the apiserver's watches, so it is also the fast way down)."""
+        self.etcd.kill()
 
     def restart_etcd(self) -> None:
         """Stop and start etcd, keeping its data."""
