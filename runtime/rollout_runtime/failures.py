@@ -228,41 +228,59 @@ def _http_status(exc: BaseException) -> int | None:
     return None
 
 
-def _type_names(exc: BaseException) -> Iterator[tuple[str, str]]:
-    for cls in type(exc).__mro__:
-        yield cls.__module__, cls.__name__
+_RESPONSE_ERROR_NAMES: Final[frozenset[str]] = frozenset({"ClientResponseError", "HTTPStatusError", "APIStatusError"})
 
 
-def _is_explicit_data(exc: BaseException) -> bool:
-    return isinstance(exc, RolloutDataFailure) or any(name in _DATA_TYPE_NAMES for _, name in _type_names(exc))
+class _TypeVerdict(enum.Enum):
+    """What an exception's class alone says; computed once per class (see :func:`_verdict_of`)."""
+
+    DATA = "data"  # an explicit data failure
+    INFRA = "infra"
+    RESPONSE = "response"  # an HTTP response error: the status decides
+    UNKNOWN = "unknown"
+
+
+_VERDICTS: dict[type[BaseException], _TypeVerdict] = {}
+"""Per-class memo: exception classes are few, and a class's verdict never changes."""
+
+
+def _verdict_of(cls: type[BaseException]) -> _TypeVerdict:
+    verdict = _VERDICTS.get(cls)
+    if verdict is None:
+        if len(_VERDICTS) >= 4096:  # classes made on the fly (tests, proxies) must not grow it without bound
+            _VERDICTS.clear()
+        verdict = _VERDICTS[cls] = _class_verdict(cls)
+    return verdict
+
+
+def _class_verdict(cls: type[BaseException]) -> _TypeVerdict:
+    """Classify a class by subclassing and by the names over its MRO (copies keep their names, not identity)."""
+    names = [(c.__module__, c.__name__) for c in cls.__mro__]
+    if issubclass(cls, RolloutDataFailure) or any(name in _DATA_TYPE_NAMES for _, name in names):
+        return _TypeVerdict.DATA
+    if issubclass(cls, _CLIENT_RESPONSE_ERROR) or any(name in _RESPONSE_ERROR_NAMES for _, name in names):
+        return _TypeVerdict.RESPONSE
+    if issubclass(cls, _INFRA_TYPES):
+        return _TypeVerdict.INFRA
+    for module, name in names:
+        if name in _INFRA_TYPE_NAMES or (name in _RAY_INFRA_TYPE_NAMES and module.split(".", 1)[0] == "ray"):
+            return _TypeVerdict.INFRA
+    return _TypeVerdict.UNKNOWN
 
 
 def _is_infra(exc: BaseException) -> bool:
     """Return whether this single exception (ignoring its cause chain) is infra.
 
     A response error is judged by its status alone: a 400 from a healthy shard is the prompt's problem even
-    though it arrived as a ``ClientResponseError``.
+    though it arrived as a ``ClientResponseError``. One that carries no status falls back to its type.
     """
-    if isinstance(exc, _CLIENT_RESPONSE_ERROR) or _looks_like_response_error(exc):
+    verdict = _verdict_of(type(exc))
+    if verdict is _TypeVerdict.RESPONSE:
         status = _http_status(exc)
         if status is not None:
             return http_status_is_infra(status)
-    if isinstance(exc, _INFRA_TYPES):
-        return True
-    for module, name in _type_names(exc):
-        if name in _INFRA_TYPE_NAMES:
-            return True
-        if name in _RAY_INFRA_TYPE_NAMES and module.split(".", 1)[0] == "ray":
-            return True
-    return False
-
-
-_RESPONSE_ERROR_NAMES: Final[frozenset[str]] = frozenset({"ClientResponseError", "HTTPStatusError", "APIStatusError"})
-
-
-def _looks_like_response_error(exc: BaseException) -> bool:
-    """A foreign HTTP status error (httpx, openai, a copy of aiohttp's): judged by status, not type."""
-    return any(name in _RESPONSE_ERROR_NAMES for _, name in _type_names(exc))
+        return issubclass(type(exc), _INFRA_TYPES)
+    return verdict is _TypeVerdict.INFRA
 
 
 def _links(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
@@ -277,24 +295,20 @@ def _links(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
         node = cause if isinstance(cause, BaseException) else None
 
 
-def _has_explicit_data(exc: BaseException, seen: set[int]) -> bool:
-    for link in _links(exc, seen):
-        if _is_explicit_data(link):
-            return True
-        if isinstance(link, BaseExceptionGroup) and any(_has_explicit_data(e, seen) for e in link.exceptions):
-            return True
-    return False
-
-
-def _chain_is_infra(exc: BaseException, seen: set[int]) -> bool:
+def _scan(exc: BaseException, seen: set[int]) -> tuple[bool, bool]:
+    """One pass over the chain (and groups): (an explicit data failure was seen, an infra link was seen)."""
+    infra = False
     for link in _links(exc, seen):
         if isinstance(link, BaseExceptionGroup):
-            members = link.exceptions
-            if members and all(_chain_is_infra(e, seen) for e in members):
-                return True
-        elif _is_infra(link):
-            return True
-    return False
+            members = [_scan(member, seen) for member in link.exceptions]
+            if any(data for data, _ in members):
+                return True, infra
+            infra = infra or (bool(members) and all(member_infra for _, member_infra in members))
+        elif _verdict_of(type(link)) is _TypeVerdict.DATA:
+            return True, infra
+        elif not infra:
+            infra = _is_infra(link)
+    return False, infra
 
 
 def classify_rollout_failure(exc: BaseException) -> FailureClass:
@@ -312,9 +326,8 @@ def classify_rollout_failure(exc: BaseException) -> FailureClass:
     4. Anything else is DATA.
     """
     try:
-        if _has_explicit_data(exc, set()):
-            return FailureClass.DATA
-        return FailureClass.INFRA if _chain_is_infra(exc, set()) else FailureClass.DATA
+        data, infra = _scan(exc, set())
+        return FailureClass.INFRA if infra and not data else FailureClass.DATA
     except Exception:  # a hostile __getattr__, a broken __mro__: never let classification take the loop down
         return FailureClass.DATA
 

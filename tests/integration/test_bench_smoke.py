@@ -1,0 +1,20 @@
+"""Each benchmark runs at tiny size in the suite so that it cannot rot (numbers are not asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize(("script", "expected"), [("classification.py", "8-deep chain")])
+def test_benchmark_smoke_run(script: str, expected: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
