@@ -1,0 +1,134 @@
+"""Open a partial-rollout checkpoint: park every episode at a step boundary, export their states, resume.
+
+An episode holds up a checkpoint only while it is *busy*: from the start of a ``wait`` step until it records the
+state that step produced. Parked episodes, episodes running a ``replay`` step, episodes that have not started a
+step, and restart-only episodes never hold it up. Once no tracked episode is busy, every tracked episode with a
+recorded state is written to the store; the manifest names them. Episodes stay parked until :meth:`resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from rollout_runtime.environment.checkpoint.state import CheckpointManifest, CheckpointRecord, ExportedEpisode
+from rollout_runtime.environment.checkpoint.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from rollout_runtime.environment.checkpoint.steps import EpisodeSteps
+
+__all__ = ["CheckpointAborted", "CheckpointCoordinator", "CheckpointingOff"]
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointingOff(RuntimeError):
+    """A checkpoint was requested from a server that has no checkpoint store."""
+
+
+class CheckpointAborted(RuntimeError):
+    """The checkpoint was resumed before its export completed."""
+
+
+class CheckpointCoordinator:
+    """Tracks the episodes that take part in checkpoints and runs open/export/resume."""
+
+    def __init__(self, store: CheckpointStore | None, *, protocol: str = "") -> None:
+        self.store = store
+        self.protocol = protocol
+        self._participants: set[EpisodeSteps] = set()
+        self._open = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._changed = asyncio.Event()
+        self._export: asyncio.Task[CheckpointManifest] | None = None
+        self._store_lock = asyncio.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def tracked(self) -> int:
+        return len(self._participants)
+
+    def track(self, steps: EpisodeSteps) -> None:
+        self._participants.add(steps)
+        self.notify()
+
+    def untrack(self, steps: EpisodeSteps) -> None:
+        self._participants.discard(steps)
+        self.notify()
+
+    def notify(self) -> None:
+        """An episode's busy state changed: let a pending export re-check."""
+        self._changed.set()
+
+    async def wait_resumed(self) -> None:
+        await self._resumed.wait()
+
+    async def open(self) -> CheckpointManifest:
+        """Open a checkpoint (or join the open one) and return its manifest once exported."""
+        if self.store is None:
+            raise CheckpointingOff("checkpointing is off: this server has no checkpoint store (--checkpoint-dir)")
+        if not self._open:
+            self._open = True
+            self._resumed.clear()
+            self._export = asyncio.get_running_loop().create_task(self._run_export(), name="checkpoint-export")
+        assert self._export is not None
+        try:
+            return await asyncio.shield(self._export)
+        except asyncio.CancelledError:
+            if self._export.cancelled():
+                raise CheckpointAborted("the checkpoint was resumed before its export completed") from None
+            raise
+
+    def resume(self) -> bool:
+        """Release parked episodes; returns whether a checkpoint was open."""
+        was_open = self._open
+        self._open = False
+        if self._export is not None and not self._export.done():
+            self._export.cancel()
+        self._resumed.set()
+        return was_open
+
+    async def forget(self, steps: EpisodeSteps) -> None:
+        """The episode finished (or became restart-only): drop it and its stored record."""
+        self.untrack(steps)
+        if self.store is not None:
+            async with self._store_lock:
+                await self.store.delete(steps.episode_id)
+
+    async def _run_export(self) -> CheckpointManifest:
+        while True:
+            self._changed.clear()
+            busy = [p.episode_id for p in self._participants if p.busy]
+            if not busy:
+                break
+            log.debug("checkpoint waits for %d busy episode(s): %s", len(busy), busy[:5])
+            await self._changed.wait()
+        checkpoint_id = uuid.uuid4().hex
+        exported: dict[str, ExportedEpisode] = {}
+        assert self.store is not None
+        async with self._store_lock:
+            for p in sorted(self._participants, key=lambda p: p.episode_id):
+                if p.finished or p.latest is None:
+                    continue  # not started a step yet: a restore starts it over from its input
+                record = CheckpointRecord(
+                    episode_id=p.episode_id,
+                    protocol=self.protocol,
+                    input_digest=p.input_digest,
+                    checkpoint_id=checkpoint_id,
+                    steps_recorded=p.steps_recorded,
+                    state=p.latest,
+                )
+                await self.store.save(record)
+                exported[p.episode_id] = ExportedEpisode(next_step=p.latest.next_step, steps_recorded=p.steps_recorded)
+        log.info("checkpoint %s exported %d episode(s)", checkpoint_id, len(exported))
+        return CheckpointManifest(checkpoint_id=checkpoint_id, episodes=exported)
