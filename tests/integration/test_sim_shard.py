@@ -265,3 +265,28 @@ async def test_any_json_request_gets_a_completion_or_a_json_client_error(
     async with http.post(shard_url + path, json=body) as response:
         payload = await response.json(content_type=None)
     assert response.status == 200 or (400 <= response.status < 500 and payload["object"] == "error")
+
+
+async def test_flapping_shard_alternates_up_and_down_on_its_clock(http: aiohttp.ClientSession) -> None:
+    now = [100.0]
+    shard = SimShard(SimShardConfig(), clock=lambda: now[0])
+    async with serve(shard.app()) as url:
+        await post(http, url + "/admin/faults", {"flap_seconds": 10})
+        seen = []
+        for t in (100.0, 109.0, 111.0, 119.0, 121.0):
+            now[0] = t
+            async with http.get(url + "/health") as response:
+                health = response.status
+            seen.append((health, (await post(http, url + "/v1/completions", {"prompt": "hi"}))[0]))
+    assert seen == [(200, 200), (200, 200), (503, 503), (503, 503), (200, 200)]
+
+
+def test_sim_shard_is_registered_as_a_cli_command() -> None:
+    from click.testing import CliRunner
+
+    from rollout_runtime.cli import cli
+
+    result = CliRunner().invoke(cli, ["sim-shard", "--help"])
+    assert result.exit_code == 0
+    assert "--max-model-len" in result.output
+    assert "--flap" in result.output

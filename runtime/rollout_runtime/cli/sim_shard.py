@@ -39,6 +39,13 @@ def _print_ready(info: dict[str, Any]) -> None:
 @click.option("--drop-rate", type=click.FloatRange(0, 1), default=0.0, help="Fault: fraction cut off mid-response.")
 @click.option("--wrong-model", default=None, help="Fault: serve this model name instead.")
 @click.option("--unhealthy", is_flag=True, help="Fault: /health answers 503.")
+@click.option(
+    "--flap",
+    "flap_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Fault: alternate this many seconds up and down.",
+)
 @click.option("--crash-after", type=click.IntRange(min=1), default=None, help="Fault: exit on the Nth request.")
 @click.option("--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for fleets).")
 @click.option("--log-level", default="WARNING", show_default=True)
@@ -57,6 +64,7 @@ def sim_shard(
     drop_rate: float,
     wrong_model: str | None,
     unhealthy: bool,
+    flap_seconds: float | None,
     crash_after: int | None,
     exit_with_parent: bool,
     log_level: str,
@@ -78,6 +86,7 @@ def sim_shard(
                 drop_rate=drop_rate,
                 wrong_model=wrong_model,
                 unhealthy=unhealthy,
+                flap_seconds=flap_seconds,
                 crash_after_requests=crash_after,
             ),
         )

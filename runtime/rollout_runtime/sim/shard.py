@@ -9,8 +9,9 @@ else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enfo
 
 Faults (:class:`SimFaults`), settable by flags and at run time: hang (accept, never answer, until lifted), slow
 (added latency), errors by status (a rate, or a deterministic burst of the next N requests), connection dropped
-mid-response (a rate, or the next N), serving the wrong model, an unhealthy ``/health``, and crash (the process
-exits at once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack trace.
+mid-response (a rate, or the next N), serving the wrong model, an unhealthy ``/health``, flapping, and crash (the
+process exits at once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack
+trace.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ class SimFaults(BaseModel):
     wrong_model: str | None = None
     """Serve this model name instead of the configured one."""
     unhealthy: bool = False
-    """``/health`` answers 503 (the process otherwise works): for flapping shards."""
+    """``/health`` answers 503 (the process otherwise works)."""
+    flap_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+    """Flapping: alternate ``flap_seconds`` up and ``flap_seconds`` down (``/health`` and generation answer 503
+    while down), starting up when the fault is set."""
     crash: bool = False
     """Exit the process at once (via the admin endpoint: right after answering)."""
     crash_after_requests: Annotated[int, Field(ge=1)] | None = None
@@ -186,14 +190,29 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, *, minimum:
 class SimShard:
     """The server state: config, live faults, counters. :meth:`app` builds the aiohttp application."""
 
-    def __init__(self, config: SimShardConfig, *, exit_process: Callable[[int], None] = os._exit) -> None:
+    def __init__(
+        self,
+        config: SimShardConfig,
+        *,
+        exit_process: Callable[[int], None] = os._exit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.faults = config.faults.model_copy()
         self.stats: Counter[str] = Counter()
         self._random = random.Random(config.seed)
         self._unhang = asyncio.Event()
         self._exit_process = exit_process
+        self._clock = clock
         self._requests_until_crash = self.faults.crash_after_requests
+        self._faults_set_at = self._clock()
+
+    def flapped_down(self) -> bool:
+        """Whether a flapping shard is in its down half-period right now."""
+        period = self.faults.flap_seconds
+        if period is None:
+            return False
+        return int((self._clock() - self._faults_set_at) / period) % 2 == 1
 
     @property
     def served_model(self) -> str:
@@ -265,6 +284,9 @@ class SimShard:
             if self._requests_until_crash <= 0:
                 self._crash()
         await self._wait_if_hung()
+        if self.flapped_down():
+            self.stats["errors_503"] += 1
+            return error_response(503, "injected fault: flapping shard is down")
         if self.faults.fail_next > 0 or (self.faults.error_rate and self._random.random() < self.faults.error_rate):
             self.faults.fail_next = max(0, self.faults.fail_next - 1)
             self.stats[f"errors_{self.faults.error_status}"] += 1
@@ -292,7 +314,7 @@ class SimShard:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         await self._wait_if_hung()
-        if self.faults.unhealthy:
+        if self.faults.unhealthy or self.flapped_down():
             return web.Response(status=503)
         return web.Response(status=200)  # vLLM answers 200 with an empty body
 
@@ -452,6 +474,7 @@ class SimShard:
             raise _BadRequest(f"invalid faults: {errors}") from None
         self.faults = faults
         self._requests_until_crash = faults.crash_after_requests
+        self._faults_set_at = self._clock()
         if not faults.hang:
             self._unhang.set()
         if faults.crash:
