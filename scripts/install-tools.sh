@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the external tools the test suite runs for real: kube-apiserver and etcd (built from Go modules, since
 # there is no Docker and no release download here), helm (go install), prometheus + promtool (Debian package,
-# unpacked, no service), and a check for kubectl (preinstalled).
+# unpacked, no service), a check for kubectl (preinstalled), and the benchmark peers haproxy and nginx (Debian
+# packages, unpacked, no service).
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet) and a
 # `.complete` stamp marks a finished install, so a warm run only checks stamps. Changing a pin in
@@ -10,7 +11,7 @@
 #
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
-#   TOOL   any of kubectl prometheus etcd helm kube-apiserver (default: all)
+#   TOOL   any of kubectl prometheus etcd helm kube-apiserver haproxy nginx (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +25,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver)
+[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver haproxy nginx)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -193,6 +194,38 @@ install_prometheus() {
   say "prometheus $PROMETHEUS_DEB_VERSION: unpacked in $((SECONDS - t0)) s"
 }
 
+# --- haproxy, nginx (benchmark peers) -------------------------------------------------------------------------
+# install_deb_daemon NAME VERSION LIBS: unpack NAME's Debian package (and the library packages LIBS, "pkg=ver,...")
+# under $dir/root; bin/NAME runs root/usr/sbin/NAME with those libraries on LD_LIBRARY_PATH (nothing system-wide).
+install_deb_daemon() {
+  local name="$1" version="$2" libs="$3"
+  local dir="$TOOLS/$name-$version"
+  installed "$dir" && { say "$name $version: cached"; return; }
+  local t0=$SECONDS pkgs=("$name=$version") deps=() deb
+  need apt-get "$name comes from Debian's package; on a non-Debian machine put a $name binary in $dir/bin"
+  need dpkg-deb "$name comes from Debian's package (dpkg-deb unpacks it)"
+  [[ -z "$libs" ]] || { IFS=, read -r -a deps <<<"$libs"; pkgs+=("${deps[@]}"); }
+  say "$name $version: downloading the Debian package(s): ${pkgs[*]}"
+  rm -rf "$dir"; mkdir -p "$dir/deb" "$dir/bin"
+  if ! (cd "$dir/deb" && apt-get download "${pkgs[@]}" >"$dir/download.log" 2>&1); then
+    run "$dir/apt-update.log" apt-get update
+    (cd "$dir/deb" && run "$dir/download.log" apt-get download "${pkgs[@]}")
+  fi
+  for deb in "$dir"/deb/*.deb; do run "$dir/unpack.log" dpkg-deb -x "$deb" "$dir/root"; done
+  cat >"$dir/bin/$name" <<SH
+#!/bin/sh
+# $name from Debian's package, with the libraries unpacked beside it (see scripts/install-tools.sh).
+here="\$(cd "\$(dirname "\$0")/.." && pwd)"
+LD_LIBRARY_PATH="\$(echo "\$here"/root/usr/lib/*-linux-gnu)\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" \\
+  exec "\$here/root/usr/sbin/$name" "\$@"
+SH
+  chmod +x "$dir/bin/$name"
+  rm -rf "$dir/deb"
+  "$dir/bin/$name" -v >"$dir/version.log" 2>&1 || { cat "$dir/version.log" >&2; die "unpacked $name does not run"; }
+  touch "$dir/.complete"
+  say "$name $version: unpacked in $((SECONDS - t0)) s"
+}
+
 # --- kubectl (preinstalled) -----------------------------------------------------------------------------------
 check_kubectl() {
   local kubectl="${KUBECTL:-$(command -v kubectl || true)}"
@@ -214,7 +247,9 @@ for tool in "${WANT[@]}"; do
     etcd) locked etcd build_etcd ;;
     helm) locked helm build_helm ;;
     kube-apiserver) locked kube-apiserver build_kube_apiserver ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver)" ;;
+    haproxy) locked haproxy install_deb_daemon haproxy "$HAPROXY_DEB_VERSION" "$HAPROXY_DEB_LIBS" ;;
+    nginx) locked nginx install_deb_daemon nginx "$NGINX_DEB_VERSION" "" ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver haproxy nginx)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"
