@@ -167,8 +167,12 @@ class EnvironmentClient:
         result: dict[str, Any] = json.loads(text)
         return result
 
+    async def begin_checkpoint(self) -> None:
+        """Open a checkpoint and return at once (episodes park from their next boundary on)."""
+        await self._checked("POST", "/checkpoint/open?wait=false")
+
     async def open_checkpoint(self) -> CheckpointManifest:
-        """Open a checkpoint; returns once every episode on the server is parked and exported."""
+        """Open a checkpoint (or join the open one); returns once every episode is parked and exported."""
         _, text = await self._checked("POST", "/checkpoint/open")
         return CheckpointManifest.model_validate_json(text)
 

@@ -325,9 +325,12 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
     async def handle_metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def handle_checkpoint_open(self, _: web.Request) -> web.Response:
-        """Open a checkpoint and reply once every tracked episode is parked and exported."""
+    async def handle_checkpoint_open(self, http_request: web.Request) -> web.Response:
+        """Open a checkpoint; reply once every tracked episode is parked and exported (``?wait=false``: at once)."""
         try:
+            if http_request.query.get("wait", "true").lower() in ("false", "0", "no"):
+                self.checkpoints.begin()
+                return web.json_response({"open": True}, status=202)
             manifest = await self.checkpoints.open()
         except CheckpointingOff as exc:
             return error_response(409, "checkpointing_off", str(exc))

@@ -73,14 +73,18 @@ class CheckpointCoordinator:
     async def wait_resumed(self) -> None:
         await self._resumed.wait()
 
-    async def open(self) -> CheckpointManifest:
-        """Open a checkpoint (or join the open one) and return its manifest once exported."""
+    def begin(self) -> None:
+        """Open a checkpoint (no-op if one is open): episodes park from their next boundary on."""
         if self.store is None:
             raise CheckpointingOff("checkpointing is off: this server has no checkpoint store (--checkpoint-dir)")
         if not self._open:
             self._open = True
             self._resumed.clear()
             self._export = asyncio.get_running_loop().create_task(self._run_export(), name="checkpoint-export")
+
+    async def open(self) -> CheckpointManifest:
+        """Open a checkpoint (or join the open one) and return its manifest once exported."""
+        self.begin()
         assert self._export is not None
         try:
             return await asyncio.shield(self._export)
