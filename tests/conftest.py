@@ -5,5 +5,6 @@ pytest_plugins = [
     "support.helm",
     "support.prometheus",
     "support.chart",
+    "support.chart_cluster",
     "support.kmockfix",
 ]
