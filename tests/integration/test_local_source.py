@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import pytest
+
 from rollout_runtime.health import HealthPhase, ProbeReason, ProbeSettings
 from rollout_runtime.shards import HealthySet, LocalShardSource, Shard, ShardSource
 from rollout_runtime.sim import SimFaults, SimFleet
@@ -119,3 +121,14 @@ async def test_a_metadata_endpoint_is_never_contacted_and_never_serves() -> None
         snapshot = await anext(snapshots)
     assert snapshot.shards == ()
     assert source.states["evil"].last_reason is ProbeReason.FORBIDDEN_TARGET
+
+
+async def test_only_one_probe_loop_runs_per_source() -> None:
+    source = LocalShardSource([Shard(name="evil", endpoint="http://169.254.169.254")], FAST)
+    async with contextlib.aclosing(source.snapshots()) as first:
+        await anext(first)
+        async with contextlib.aclosing(source.snapshots()) as second:
+            with pytest.raises(RuntimeError, match="already being iterated"):
+                await anext(second)
+    async with contextlib.aclosing(source.snapshots()) as again:  # free again once the first loop closed
+        await anext(again)

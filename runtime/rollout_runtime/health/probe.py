@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -121,12 +122,15 @@ class HttpProber:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         user_agent: str = "rollout-fleet-prober",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
         self.policy = policy if policy is not None else ProbeTargetPolicy()
         self.max_body_bytes = max_body_bytes
         self._user_agent = user_agent
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        """https targets are verified: against the system CAs, or ``ssl_context`` (e.g. a cluster CA bundle)."""
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> HttpProber:
@@ -192,7 +196,7 @@ class HttpProber:
     async def _get(self, url: str, settings: ProbeSettings) -> tuple[int, bytes]:
         """GET with redirects off; non-2xx and oversized bodies raise _Failed."""
         timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
-        async with self._get_session().get(url, allow_redirects=False, timeout=timeout) as response:
+        async with self._get_session().get(url, allow_redirects=False, timeout=timeout, ssl=self._ssl) as response:
             status = response.status
             if 300 <= status < 400:
                 location = response.headers.get("Location", "")[:200]

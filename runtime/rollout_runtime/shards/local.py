@@ -49,6 +49,7 @@ class LocalShardSource:
             prober = self._owned_prober = HttpProber(policy)
         elif policy is not None:
             raise ValueError("pass either a prober or a policy for the default prober, not both")
+        self._iterating = False
         self._monitor = HealthMonitor(
             (ProbeTarget(s.name, s.endpoint, self.settings, s.model or None) for s in self._shards),
             prober,
@@ -85,9 +86,13 @@ class LocalShardSource:
 
     async def snapshots(self) -> AsyncIterator[HealthySet]:
         """Probe forever; yield the healthy set after every round (and after every drain change)."""
+        if self._iterating:
+            raise RuntimeError("LocalShardSource.snapshots() is already being iterated: one probe loop per source")
+        self._iterating = True
         try:
             async for _round in self._monitor.rounds():
                 yield self.current()
         finally:
+            self._iterating = False
             if self._owned_prober is not None:
                 await self._owned_prober.close()
