@@ -1,0 +1,73 @@
+"""The redispatch engine: budgets, backoff, selection, passive ejection, stall watchdog and accounting.
+
+Everything but :mod:`engine` is pure (decisions as values); the engine is the thin async shell around them.
+"""
+
+from rollout_runtime.dispatch.budget import (
+    DataFailedDecision,
+    Decision,
+    ExhaustedDecision,
+    PromptBudget,
+    RetryDecision,
+    backoff_seconds,
+    decide,
+)
+from rollout_runtime.dispatch.clock import Clock, LoopClock
+from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker, max_ejectable
+from rollout_runtime.dispatch.engine import Dispatcher, DispatchRun, Rollout
+from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry
+from rollout_runtime.dispatch.outcomes import (
+    AttemptEnded,
+    Completed,
+    DataFailed,
+    DispatchEvent,
+    HealthyShardsChanged,
+    Outcome,
+    PromptId,
+    RunStats,
+    ShardEjected,
+    ShardRestored,
+    Skipped,
+    StallDetected,
+)
+from rollout_runtime.dispatch.policy import DispatchPolicy
+from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
+from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
+
+__all__ = [
+    "AttemptEnded",
+    "Clock",
+    "Completed",
+    "DataFailed",
+    "DataFailedDecision",
+    "Decision",
+    "DispatchEvent",
+    "DispatchPolicy",
+    "DispatchRun",
+    "Dispatcher",
+    "Ejection",
+    "EjectionTracker",
+    "ExhaustedDecision",
+    "FailureLedger",
+    "HealthyShardsChanged",
+    "LedgerEntry",
+    "LoopClock",
+    "Outcome",
+    "PromptBudget",
+    "PromptId",
+    "RetryDecision",
+    "Rollout",
+    "RunStats",
+    "ShardEjected",
+    "ShardLoad",
+    "ShardRestored",
+    "Skipped",
+    "StallDetected",
+    "StallVerdict",
+    "StallWatchdog",
+    "backoff_seconds",
+    "decide",
+    "max_ejectable",
+    "pick_shard",
+    "watch",
+]

@@ -1,0 +1,124 @@
+"""Passive outlier ejection with Envoy's semantics, as a pure state machine over (shard, time) events.
+
+Probes are slow to notice a dead shard (period x failure threshold); the attempts that hit it notice at once.
+So an infra failure on a shard ejects it from this runtime's view immediately, for
+``base * 2 ** (n - 1)`` seconds capped at ``max`` (n = its ejections in a row; the count is forgotten once
+the shard has stayed un-ejected for ``max`` seconds). It returns when the time runs out, or earlier when an
+active probe succeeds *after* the ejection (``HealthySet.probe_ok_at``): Envoy's
+``successful_active_health_check_uneject_host``.
+
+Panic rule (Envoy's ``max_ejection_percent``, made safe for small fleets): of the shards in the current
+healthy set, at most ``max(1, floor(n * percent / 100))`` may be ejected at once, and never all of them, so
+with one healthy shard nothing is ejected and with two at most one is. ``percent == 0`` disables ejection.
+If the healthy set later shrinks to ejected shards only, the selector routes to them anyway (Envoy's panic
+mode): probes say they are healthy, and a run with somewhere to go beats a run waiting for nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Ejection", "EjectionTracker", "max_ejectable"]
+
+
+def max_ejectable(healthy: int, percent: float) -> int:
+    """How many of ``healthy`` shards may be ejected at once under the panic rule."""
+    if healthy < 2 or percent <= 0:
+        return 0
+    return min(healthy - 1, max(1, math.floor(healthy * percent / 100)))
+
+
+@dataclass(frozen=True, slots=True)
+class Ejection:
+    """A shard taken out of rotation until ``until`` (monotonic seconds); ``count`` ejections in a row."""
+
+    shard: str
+    until: float
+    seconds: float
+    count: int
+
+
+@dataclass(slots=True)
+class _Record:
+    count: int = 0
+    until: float | None = None
+    """Monotonic end of the current ejection; None when the shard is in rotation."""
+    ejected_wall: float = 0.0
+    restored_at: float = -math.inf
+
+
+class EjectionTracker:
+    """Which shards this runtime has ejected, and when they return."""
+
+    def __init__(self, base_seconds: float, max_seconds: float, max_percent: float) -> None:
+        if base_seconds <= 0 or max_seconds < base_seconds:
+            raise ValueError(f"need 0 < base_seconds <= max_seconds, got {base_seconds} and {max_seconds}")
+        self._base = base_seconds
+        self._max = max_seconds
+        self._percent = max_percent
+        self._records: dict[str, _Record] = {}
+        self._ejected: set[str] = set()
+
+    @property
+    def ejected(self) -> frozenset[str]:
+        return frozenset(self._ejected)
+
+    def is_ejected(self, name: str) -> bool:
+        return name in self._ejected
+
+    def eject(self, name: str, *, now: float, wall: float, healthy: Collection[str]) -> Ejection | None:
+        """Eject ``name`` after an infra failure at ``now``; None if it is already out or the panic rule forbids.
+
+        ``wall`` is the wall-clock time of the failure, compared against probe times; ``healthy`` the names
+        in the current healthy set.
+        """
+        if name in self._ejected or name not in healthy:
+            return None
+        out = sum(1 for shard in healthy if shard in self._ejected)
+        if out >= max_ejectable(len(healthy), self._percent):
+            return None
+        record = self._records.setdefault(name, _Record())
+        if now - record.restored_at >= self._max:
+            record.count = 0
+        record.count += 1
+        seconds = self._duration(record.count)
+        record.until = now + seconds
+        record.ejected_wall = wall
+        self._ejected.add(name)
+        return Ejection(shard=name, until=record.until, seconds=seconds, count=record.count)
+
+    def _duration(self, count: int) -> float:
+        if count > 64:  # 2 ** 64 * base exceeds any sane cap; avoid float overflow on absurd counts
+            return self._max
+        return float(min(self._max, self._base * 2 ** (count - 1)))
+
+    def expire(self, now: float) -> list[str]:
+        """Return (and restore) the shards whose ejection time has run out by ``now``."""
+        done = [name for name in self._ejected if (until := self._records[name].until) is not None and until <= now]
+        for name in done:
+            self._restore(name, now)
+        return sorted(done)
+
+    def probes_succeeded(self, probe_ok_at: Mapping[str, float], now: float) -> list[str]:
+        """Return (and restore) the ejected shards with a successful probe strictly after their ejection."""
+        done = [
+            name
+            for name in self._ejected
+            if (ok := probe_ok_at.get(name)) is not None and ok > self._records[name].ejected_wall
+        ]
+        for name in done:
+            self._restore(name, now)
+        return sorted(done)
+
+    def next_expiry(self) -> float | None:
+        """The earliest ``until`` among ejected shards, for the caller's timer."""
+        times = [u for name in self._ejected if (u := self._records[name].until) is not None]
+        return min(times) if times else None
+
+    def _restore(self, name: str, now: float) -> None:
+        record = self._records[name]
+        record.until = None
+        record.restored_at = now
+        self._ejected.discard(name)

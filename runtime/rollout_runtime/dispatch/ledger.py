@@ -1,0 +1,80 @@
+"""The failure ledger: one JSON line per prompt the run could not complete, with the reason.
+
+Data failures must be loud and inspectable after the fact (which prompts, why, on which shards), never a
+silent zero-reward sample. A line is written and flushed per failure: failures are rare, and a ledger that
+loses its tail in a crash is the one you needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+from rollout_runtime.failures import MAX_MESSAGE_CHARS
+
+__all__ = ["FailureLedger", "LedgerEntry"]
+
+_PREVIEW_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One prompt that ended without a result."""
+
+    prompt_id: str | int
+    result: Literal["data_failed", "skipped"]
+    failure_class: str
+    failure_type: str
+    reason: str
+    attempts: int
+    shards: tuple[str, ...]
+    time: float
+    """Wall-clock (unix) time the prompt was given up."""
+    prompt_preview: str = ""
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record["shards"] = list(self.shards)
+        return json.dumps(record, ensure_ascii=False, default=str)
+
+
+def preview(prompt: object) -> str:
+    """A bounded, printable rendering of a prompt for humans reading the ledger."""
+    try:
+        text = prompt if isinstance(prompt, str) else repr(prompt)
+    except Exception:
+        text = f"<unprintable {type(prompt).__name__}>"
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+
+
+def bounded_reason(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+class FailureLedger:
+    """Appends :class:`LedgerEntry` lines to ``path`` (created with its directory on first write)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+
+    def write(self, entry: LedgerEntry) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        self._file.write(entry.to_json() + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @staticmethod
+    def read(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+        """Every entry in a ledger file, as dicts (for reports and tests)."""
+        with Path(path).open(encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]

@@ -1,0 +1,146 @@
+"""What a run hands back: one outcome per prompt, the run's counters, and events for live observers.
+
+A data failure is a distinct type, never a :class:`Completed` with an empty result, so a trainer cannot
+mistake it for a zero-reward sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from rollout_runtime.failures import FailureClass
+
+__all__ = [
+    "AttemptEnded",
+    "Completed",
+    "DataFailed",
+    "DispatchEvent",
+    "HealthyShardsChanged",
+    "Outcome",
+    "PromptId",
+    "RunStats",
+    "ShardEjected",
+    "ShardRestored",
+    "Skipped",
+    "StallDetected",
+]
+
+P = TypeVar("P")
+R = TypeVar("R")
+PromptId = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class Completed(Generic[P, R]):
+    """The prompt's rollout succeeded on ``shard`` after ``attempts`` attempts (1 = first try)."""
+
+    prompt_id: PromptId
+    prompt: P
+    result: R
+    attempts: int
+    shard: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataFailed(Generic[P]):
+    """The prompt cannot be rolled out: its data budget ran out or a failure forbade retrying. Never train on it."""
+
+    prompt_id: PromptId
+    prompt: P
+    failure_class: FailureClass
+    failure_type: str
+    reason: str
+    attempts: int
+    shards: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped(Generic[P]):
+    """The prompt used up its infra budget, and the policy allowed skipping it instead of ending the run."""
+
+    prompt_id: PromptId
+    prompt: P
+    failure_type: str
+    reason: str
+    attempts: int
+    shards: tuple[str, ...]
+
+
+Outcome = Completed[P, R] | DataFailed[P] | Skipped[P]
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Counters of one run. Invariant once it ends: ``submitted == completed + data_failed + skipped + aborted``.
+
+    ``aborted`` counts prompts that were unfinished when the run raised (or was closed early).
+    """
+
+    submitted: int = 0
+    completed: int = 0
+    data_failed: int = 0
+    skipped: int = 0
+    aborted: int = 0
+    successes: int = 0
+    infra_failures: int = 0
+    data_failures: int = 0
+    cancelled: int = 0
+    """Attempts cancelled because their shard left the healthy set (redispatched, charged to no budget)."""
+    redispatches: int = 0
+    exhausted: int = 0
+    ejections: int = 0
+    stalls: int = 0
+    in_flight: int = 0
+
+    @property
+    def attempts(self) -> int:
+        return self.successes + self.infra_failures + self.data_failures + self.cancelled
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.data_failed + self.skipped
+
+    @property
+    def unfinished(self) -> int:
+        return self.submitted - self.finished - self.aborted
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded:
+    prompt_id: PromptId
+    shard: str | None
+    outcome: Literal["success", "infra_failure", "data_failure", "cancelled"]
+    failure_type: str | None
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEjected:
+    shard: str
+    seconds: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRestored:
+    shard: str
+    reason: Literal["expired", "probe"]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthyShardsChanged:
+    revision: str
+    healthy: tuple[str, ...]
+    routable: tuple[str, ...]
+    """Healthy minus ejected (all healthy ones in panic mode)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StallDetected:
+    action: Literal["warn", "abort"]
+    idle_seconds: float
+    unfinished: int
+
+
+DispatchEvent = AttemptEnded | ShardEjected | ShardRestored | HealthyShardsChanged | StallDetected

@@ -1,0 +1,125 @@
+"""Passive outlier ejection: doubling times with a cap, un-ejection by time or probe, and the panic rule."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_runtime.dispatch import EjectionTracker, max_ejectable
+
+NAMES = ("a", "b", "c", "d")
+
+
+def tracker(base: float = 10, cap: float = 80, percent: float = 50) -> EjectionTracker:
+    return EjectionTracker(base, cap, percent)
+
+
+def test_first_ejection_lasts_the_base_time_and_ends_on_time() -> None:
+    t = tracker()
+    ejection = t.eject("a", now=100, wall=1000, healthy=NAMES)
+    assert ejection is not None
+    assert (ejection.seconds, ejection.until, ejection.count) == (10, 110, 1)
+    assert t.expire(109.9) == []
+    assert t.is_ejected("a")
+    assert t.expire(110) == ["a"]
+    assert not t.is_ejected("a")
+
+
+def test_repeated_ejections_double_up_to_the_cap() -> None:
+    t = tracker(base=10, cap=80)
+    seconds = []
+    now = 0.0
+    for _ in range(6):
+        ejection = t.eject("a", now=now, wall=now, healthy=NAMES)
+        assert ejection is not None
+        seconds.append(ejection.seconds)
+        now = ejection.until
+        t.expire(now)
+    assert seconds == [10, 20, 40, 80, 80, 80]
+
+
+def test_the_ejection_count_is_forgotten_after_a_quiet_max_period() -> None:
+    t = tracker(base=10, cap=80)
+    first = t.eject("a", now=0, wall=0, healthy=NAMES)
+    assert first is not None
+    t.expire(first.until)
+    again = t.eject("a", now=first.until + 80, wall=0, healthy=NAMES)
+    assert again is not None
+    assert again.seconds == 10
+
+
+def test_a_probe_success_after_the_ejection_restores_the_shard() -> None:
+    t = tracker()
+    t.eject("a", now=5, wall=1000, healthy=NAMES)
+    assert t.probes_succeeded({"a": 999.0}, now=6) == [], "a probe older than the ejection proves nothing"
+    assert t.probes_succeeded({"a": 1000.0}, now=6) == [], "nor one from the same instant"
+    assert t.probes_succeeded({"a": 1000.5}, now=6) == ["a"]
+    assert not t.is_ejected("a")
+    assert t.next_expiry() is None
+
+
+def test_an_ejected_shard_is_not_ejected_again() -> None:
+    t = tracker()
+    assert t.eject("a", now=0, wall=0, healthy=NAMES) is not None
+    assert t.eject("a", now=1, wall=1, healthy=NAMES) is None
+
+
+def test_a_shard_outside_the_healthy_set_is_not_ejected() -> None:
+    assert tracker().eject("z", now=0, wall=0, healthy=NAMES) is None
+
+
+@pytest.mark.parametrize(
+    ("healthy", "percent", "expected"),
+    [(0, 50, 0), (1, 100, 0), (2, 10, 1), (2, 100, 1), (4, 50, 2), (4, 10, 1), (10, 100, 9), (10, 0, 0)],
+)
+def test_max_ejectable_is_at_least_one_never_all_and_zero_when_disabled(
+    healthy: int, percent: float, expected: int
+) -> None:
+    assert max_ejectable(healthy, percent) == expected
+
+
+def test_panic_rule_refuses_ejections_past_the_limit() -> None:
+    t = tracker(percent=50)
+    assert t.eject("a", now=0, wall=0, healthy=NAMES) is not None
+    assert t.eject("b", now=0, wall=0, healthy=NAMES) is not None
+    assert t.eject("c", now=0, wall=0, healthy=NAMES) is None
+    assert t.ejected == {"a", "b"}
+
+
+def test_next_expiry_is_the_earliest_return() -> None:
+    t = tracker(percent=100)
+    t.eject("a", now=0, wall=0, healthy=NAMES)
+    t.eject("b", now=3, wall=0, healthy=NAMES)
+    assert t.next_expiry() == 10
+
+
+def test_tracker_rejects_a_cap_below_the_base() -> None:
+    with pytest.raises(ValueError, match="base_seconds <= max_seconds"):
+        EjectionTracker(10, 5, 50)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["eject", "expire", "probe"]), st.sampled_from(NAMES), st.floats(0, 50)),
+        max_size=60,
+    ),
+    st.integers(1, 4),
+    st.floats(0, 100),
+)
+def test_never_ejects_every_healthy_shard(events: list[tuple[str, str, float]], size: int, percent: float) -> None:
+    """Invariant: at no point are all shards of a non-empty healthy set ejected, nor more than the panic limit."""
+    t = tracker(percent=percent)
+    healthy = NAMES[:size]
+    now = 0.0
+    for action, name, step in events:
+        now += step
+        if action == "eject":
+            t.eject(name, now=now, wall=now, healthy=healthy)
+        elif action == "expire":
+            t.expire(now)
+        else:
+            t.probes_succeeded({name: now + 1}, now=now)
+        out = [n for n in healthy if t.is_ejected(n)]
+        assert len(out) <= max_ejectable(len(healthy), percent)
+        assert len(out) < len(healthy)

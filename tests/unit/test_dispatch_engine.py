@@ -1,0 +1,540 @@
+"""The Dispatcher against in-process fakes: redispatch, budgets, eviction, waiting, stalls, accounting, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_runtime.dispatch import (
+    AttemptEnded,
+    Completed,
+    DataFailed,
+    Dispatcher,
+    DispatchEvent,
+    DispatchPolicy,
+    FailureLedger,
+    ShardEjected,
+    ShardRestored,
+    Skipped,
+    StallDetected,
+)
+from rollout_runtime.failures import (
+    GenerationUnavailable,
+    GymTransportError,
+    RolloutDataFailure,
+    RolloutRedispatchExhausted,
+    RolloutStall,
+    RolloutTerminalDataFailure,
+)
+from rollout_runtime.shards import Shard, StaticShardSource
+from support.dispatch import (
+    AttemptLog,
+    ControlledSource,
+    assert_accounted,
+    by_kind,
+    collect,
+    collect_until_error,
+    echo_rollout,
+    make_shard,
+    make_shards,
+)
+
+FAST = DispatchPolicy(backoff_initial_seconds=0, backoff_max_seconds=0, healthy_wait_seconds=5)
+
+
+def value(dispatcher: Dispatcher, name: str, **labels: str) -> float:
+    return dispatcher.metrics.value(name, labels)
+
+
+async def test_every_prompt_completes_once_on_a_healthy_fleet() -> None:
+    log = AttemptLog()
+    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), FAST) as dispatcher:
+        run = dispatcher.run(range(30), echo_rollout(log))
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, range(30))
+    assert all(isinstance(o, Completed) and o.attempts == 1 for o in outcomes)
+    assert sorted(o.result[0] for o in outcomes if isinstance(o, Completed)) == list(range(30))
+    assert {shard for _, shard in log.calls} == {"a", "b", "c"}
+    assert value(dispatcher, "rollout_attempts_total", outcome="success") == 30
+    assert value(dispatcher, "rollout_prompts_total", result="completed") == 30
+    assert value(dispatcher, "rollout_in_flight") == 0
+
+
+async def test_infra_failure_redispatches_to_another_shard_and_ejects_the_failing_one() -> None:
+    log = AttemptLog()
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        log.calls.append((prompt, shard.name))
+        if shard.name == "bad":
+            raise GenerationUnavailable("shard bad: connection refused")
+        return shard.name
+
+    events: list[DispatchEvent] = []
+    source = StaticShardSource(make_shards("bad", "good1", "good2"))
+    async with Dispatcher(source, FAST, observer=events.append) as dispatcher:
+        run = dispatcher.run(range(6), rollout)
+        outcomes = await collect(run)
+        assert "bad" in dispatcher.ejected
+    assert_accounted(run, outcomes, range(6))
+    assert all(isinstance(o, Completed) and o.result != "bad" for o in outcomes)
+    for prompt in range(6):
+        shards = log.shards_for(prompt)
+        assert shards.count("bad") <= 1, "a prompt went back to the shard that failed it"
+    assert [e.shard for e in events if isinstance(e, ShardEjected)] == ["bad"]
+    assert value(dispatcher, "rollout_ejections_total", shard="bad") == 1
+    failures = value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="GenerationUnavailable")
+    assert failures == run.stats.infra_failures >= 1
+    assert value(dispatcher, "rollout_redispatches_total") == run.stats.redispatches == failures
+
+
+async def test_data_failure_is_retried_once_elsewhere_then_reported_with_reason_and_ledgered(tmp_path: Path) -> None:
+    log = AttemptLog()
+    ledger = tmp_path / "ledger" / "failures.jsonl"
+
+    async def rollout(shard: Shard, prompt: str) -> str:
+        log.calls.append((prompt, shard.name))
+        if prompt == "too long":
+            raise RolloutDataFailure("This model's maximum context length is 16 tokens. However, you requested 40")
+        return prompt.upper()
+
+    policy = FAST.model_copy(update={"failure_ledger_path": ledger})
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), policy) as dispatcher:
+        run = dispatcher.run(["ok", "too long", "fine"], rollout, prompt_ids=["p0", "p1", "p2"])
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, ["p0", "p1", "p2"])
+    kinds = by_kind(outcomes)
+    assert sorted(o.result for o in kinds["completed"]) == ["FINE", "OK"]
+    [failed] = kinds["data_failed"]
+    assert isinstance(failed, DataFailed)
+    assert (failed.prompt_id, failed.failure_class.value, failed.failure_type) == ("p1", "data", "RolloutDataFailure")
+    assert "maximum context length is 16 tokens" in failed.reason
+    assert failed.attempts == 2
+    assert sorted(log.shards_for("too long")) == ["a", "b"], "the data retry must land on another shard"
+    [entry] = FailureLedger.read(ledger)
+    assert entry["prompt_id"] == "p1"
+    assert entry["result"] == "data_failed"
+    assert entry["failure_type"] == "RolloutDataFailure"
+    assert "maximum context length" in str(entry["reason"])
+    assert entry["attempts"] == 2
+    assert sorted(str(s) for s in entry["shards"]) == ["a", "b"]  # type: ignore[attr-defined]
+    assert value(dispatcher, "rollout_prompts_total", result="data_failed") == 1
+    assert value(dispatcher, "rollout_attempts_total", outcome="data_failure") == 2
+    assert dispatcher.ejected == frozenset(), "a data failure says nothing about the shard"
+
+
+async def test_terminal_data_failure_is_not_retried() -> None:
+    log = AttemptLog()
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        log.calls.append((prompt, shard.name))
+        raise RolloutTerminalDataFailure("environment rejected the task: unknown tool")
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as dispatcher:
+        run = dispatcher.run([7], rollout)
+        [outcome] = await collect(run)
+    assert isinstance(outcome, DataFailed)
+    assert outcome.attempts == 1
+    assert "unknown tool" in outcome.reason
+    assert len(log.calls) == 1
+
+
+async def test_unknown_exception_is_data_and_never_a_result() -> None:
+    async def rollout(shard: Shard, prompt: int) -> int:
+        raise KeyError("reward")
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as dispatcher:
+        run = dispatcher.run([1, 2], rollout)
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, [0, 1])
+    assert all(isinstance(o, DataFailed) and o.failure_type == "KeyError" for o in outcomes)
+
+
+async def test_exhausted_infra_budget_raises_after_delivering_finished_outcomes() -> None:
+    async def rollout(shard: Shard, prompt: int) -> int:
+        if prompt == 0:
+            raise ConnectionResetError("peer reset")
+        return prompt
+
+    policy = FAST.model_copy(update={"max_infra_attempts": 3, "max_concurrency": 1})
+    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy) as dispatcher:
+        run = dispatcher.run(range(4), rollout)
+        outcomes, error = await collect_until_error(run)
+    assert isinstance(error, RolloutRedispatchExhausted)
+    assert "prompt 0" in str(error)
+    assert isinstance(error.__cause__, ConnectionResetError)
+    assert_accounted(run, outcomes, range(4))
+    assert 0 in run.aborted_ids()
+    assert run.stats.exhausted == 1
+    assert value(dispatcher, "rollout_redispatch_exhausted_total") == 1
+    assert value(dispatcher, "rollout_attempts_total", outcome="infra_failure") == 3
+
+
+async def test_skip_budget_reports_exhausted_prompts_as_skipped_and_the_run_continues(tmp_path: Path) -> None:
+    async def rollout(shard: Shard, prompt: int) -> int:
+        if prompt in (1, 3):
+            raise TimeoutError("read timed out")
+        return prompt
+
+    policy = FAST.model_copy(
+        update={"max_infra_attempts": 2, "max_skipped_prompts": 2, "failure_ledger_path": tmp_path / "l.jsonl"}
+    )
+    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy) as dispatcher:
+        run = dispatcher.run(range(5), rollout)
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, range(5))
+    skipped = by_kind(outcomes)["skipped"]
+    assert sorted(o.prompt_id for o in skipped) == [1, 3]
+    assert all(isinstance(o, Skipped) and o.attempts == 2 and o.failure_type == "TimeoutError" for o in skipped)
+    assert {e["result"] for e in FailureLedger.read(tmp_path / "l.jsonl")} == {"skipped"}
+    assert value(dispatcher, "rollout_prompts_total", result="skipped") == 2
+
+
+@pytest.mark.looptime
+async def test_infra_retries_back_off_exponentially_within_bounds() -> None:
+    loop = asyncio.get_running_loop()
+    started: list[float] = []
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        started.append(loop.time())
+        if len(started) < 5:
+            raise ConnectionRefusedError("refused")
+        return prompt
+
+    policy = DispatchPolicy(backoff_initial_seconds=1, backoff_max_seconds=4, backoff_jitter=0.5)
+    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy, seed=7) as dispatcher:
+        [outcome] = await collect(dispatcher.run([0], rollout))
+    assert isinstance(outcome, Completed)
+    assert outcome.attempts == 5
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    for gap, nominal in zip(gaps, [1, 2, 4, 4], strict=True):
+        assert nominal * 0.5 - 1e-6 <= gap <= nominal + 1e-6
+
+
+@pytest.mark.looptime
+async def test_attempt_timeout_is_an_infra_rollout_timeout() -> None:
+    calls: list[str] = []
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        calls.append(shard.name)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # hangs until the attempt deadline cancels it
+        return shard.name
+
+    policy = FAST.model_copy(update={"attempt_timeout_seconds": 10})
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), policy) as dispatcher:
+        [outcome] = await collect(dispatcher.run([0], rollout))
+    assert isinstance(outcome, Completed)
+    assert outcome.attempts == 2
+    assert outcome.shard != calls[0]
+    assert value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="RolloutTimeout") == 1
+
+
+async def test_attempts_on_a_shard_that_leaves_the_healthy_set_are_redispatched_without_budget() -> None:
+    source = ControlledSource(make_shards("hung", "ok"))
+    entered_hung = asyncio.Event()
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        if shard.name == "hung":
+            entered_hung.set()
+            await asyncio.Event().wait()  # a hung shard: only eviction gets us out
+        return shard.name
+
+    # One infra attempt only: an eviction charged to the infra budget would exhaust it.
+    policy = FAST.model_copy(update={"max_infra_attempts": 1})
+    async with Dispatcher(source, policy) as dispatcher:
+        run = dispatcher.run(range(4), rollout)
+
+        async def drop_hung_shard() -> None:
+            await entered_hung.wait()
+            source.publish(make_shards("ok"))
+
+        dropper = asyncio.create_task(drop_hung_shard())
+        outcomes = await collect(run)
+        await dropper
+    assert_accounted(run, outcomes, range(4))
+    assert all(isinstance(o, Completed) and o.result == "ok" for o in outcomes)
+    assert run.stats.cancelled >= 1
+    assert run.stats.infra_failures == 0
+    assert value(dispatcher, "rollout_attempts_total", outcome="cancelled") == run.stats.cancelled
+
+
+@pytest.mark.looptime
+async def test_waits_for_a_healthy_shard_then_dispatches() -> None:
+    source = ControlledSource([])
+    loop = asyncio.get_running_loop()
+    loop.call_later(3, source.publish, make_shards("late"))
+    policy = FAST.model_copy(update={"healthy_wait_seconds": 10})
+    async with Dispatcher(source, policy) as dispatcher:
+        outcomes = await collect(dispatcher.run(range(3), echo_rollout()))
+    assert [o.shard for o in outcomes if isinstance(o, Completed)] == ["late"] * 3
+    assert value(dispatcher, "rollout_attempts_total", outcome="infra_failure") == 0
+
+
+@pytest.mark.looptime
+async def test_no_healthy_shard_within_the_wait_is_an_infra_failure_that_exhausts_the_run() -> None:
+    policy = DispatchPolicy(healthy_wait_seconds=5, max_infra_attempts=2, backoff_initial_seconds=1)
+    async with Dispatcher(ControlledSource([]), policy) as dispatcher:
+        run = dispatcher.run(["p"], echo_rollout())
+        outcomes, error = await collect_until_error(run)
+    assert outcomes == []
+    assert isinstance(error, RolloutRedispatchExhausted)
+    assert "NoHealthyShards" in str(error)
+    assert value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="NoHealthyShards") == 2
+
+
+@pytest.mark.looptime
+async def test_stall_abort_raises_rollout_stall_after_the_deadline() -> None:
+    async def rollout(shard: Shard, prompt: int) -> int:
+        if prompt == 1:
+            await asyncio.Event().wait()
+        return prompt
+
+    policy = DispatchPolicy(stall_deadline_seconds=60, stall_check_seconds=10, stall_action="abort")
+    async with Dispatcher(StaticShardSource(make_shards("a")), policy) as dispatcher:
+        run = dispatcher.run([0, 1], rollout)
+        outcomes, error = await collect_until_error(run)
+    assert isinstance(error, RolloutStall)
+    assert [o.prompt_id for o in outcomes] == [0]
+    assert run.aborted_ids() == [1]
+    assert value(dispatcher, "rollout_stalls_total", action="abort") == 1
+    assert_accounted(run, outcomes, [0, 1])
+
+
+@pytest.mark.looptime
+async def test_stall_warn_counts_once_per_episode_and_the_run_goes_on() -> None:
+    release = asyncio.Event()
+    events: list[DispatchEvent] = []
+
+    def observe(event: DispatchEvent) -> None:
+        events.append(event)
+        if isinstance(event, StallDetected):
+            asyncio.get_running_loop().call_later(100, release.set)  # stalled well past several checks
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        await release.wait()
+        return prompt
+
+    policy = DispatchPolicy(stall_deadline_seconds=60, stall_check_seconds=10, stall_action="warn")
+    async with Dispatcher(StaticShardSource(make_shards("a")), policy, observer=observe) as dispatcher:
+        run = dispatcher.run([0], rollout)
+        outcomes = await collect(run)
+    assert [type(o) for o in outcomes] == [Completed]
+    assert sum(isinstance(e, StallDetected) for e in events) == 1
+    assert value(dispatcher, "rollout_stalls_total", action="warn") == 1
+
+
+@pytest.mark.looptime
+async def test_ejected_shard_returns_after_its_ejection_time() -> None:
+    events: list[DispatchEvent] = []
+    failed_once: set[str] = set()
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        if shard.name == "flaky" and not failed_once:
+            failed_once.add(shard.name)
+            raise GenerationUnavailable("503")
+        return shard.name
+
+    policy = FAST.model_copy(update={"ejection_base_seconds": 30})
+    async with Dispatcher(StaticShardSource(make_shards("flaky", "ok")), policy, observer=events.append) as d:
+        await collect(d.run([0, 1], rollout))
+        assert d.ejected == {"flaky"}
+        assert d.routable == ("ok",)
+        await asyncio.sleep(30)
+        assert d.ejected == frozenset()
+        assert set(d.routable) == {"flaky", "ok"}
+    assert ShardRestored("flaky", "expired") in events
+    assert value(d, "rollout_healthy_shards") == 2
+
+
+async def test_probe_success_after_ejection_restores_the_shard() -> None:
+    source = ControlledSource(make_shards("flaky", "ok"))
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        if shard.name == "flaky":
+            raise GenerationUnavailable("503")
+        return shard.name
+
+    async with Dispatcher(source, FAST) as d:
+        await collect(d.run([0, 1], rollout))
+        assert d.ejected == {"flaky"}
+        restored = asyncio.Event()
+        d._observer = lambda e: restored.set() if isinstance(e, ShardRestored) else None
+        source.publish(make_shards("flaky", "ok"), probe_ok_at={"flaky": d.clock.wall() + 1})
+        await restored.wait()
+        assert d.ejected == frozenset()
+
+
+async def test_panic_rule_never_ejects_the_last_healthy_shard() -> None:
+    attempts = 0
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts <= 2:
+            raise GenerationUnavailable("503")
+        return shard.name
+
+    async with Dispatcher(StaticShardSource(make_shards("only")), FAST) as d:
+        [outcome] = await collect(d.run([0], rollout))
+        assert d.ejected == frozenset()
+        assert d.routable == ("only",)
+    assert isinstance(outcome, Completed)
+    assert value(d, "rollout_ejections_total", shard="only") == 0
+
+
+async def test_environment_transport_failures_do_not_eject_the_generation_shard() -> None:
+    seen: list[str] = []
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        seen.append(shard.name)
+        if len(seen) == 1:
+            raise GymTransportError("environment server reset the connection")
+        return shard.name
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        [outcome] = await collect(d.run([0], rollout))
+        assert d.ejected == frozenset()
+    assert isinstance(outcome, Completed)
+
+
+async def test_weighted_least_outstanding_spreads_in_flight_work_by_weight() -> None:
+    gate = asyncio.Event()
+    all_started = asyncio.Event()
+    started = 0
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        nonlocal started
+        started += 1
+        if started == 8:
+            all_started.set()
+        await gate.wait()
+        return shard.name
+
+    shards = [make_shard("big", weight=3), make_shard("small", weight=1)]
+    async with Dispatcher(StaticShardSource(shards), FAST) as d:
+        run = d.run(range(8), rollout)
+        collector = asyncio.create_task(collect(run))
+        await all_started.wait()
+        peak = d.outstanding()
+        gate.set()
+        outcomes = await collector
+    assert peak == {"big": 6, "small": 2}
+    assert_accounted(run, outcomes, range(8))
+
+
+async def test_rollout_raising_a_run_terminal_error_ends_the_run_with_it() -> None:
+    async def rollout(shard: Shard, prompt: int) -> int:
+        raise RolloutStall("nested dispatcher stalled")
+
+    async with Dispatcher(StaticShardSource(make_shards("a")), FAST) as d:
+        run = d.run([0, 1], rollout)
+        outcomes, error = await collect_until_error(run)
+    assert isinstance(error, RolloutStall)
+    assert_accounted(run, outcomes, [0, 1])
+
+
+async def test_closing_a_run_early_aborts_the_rest_and_leaves_no_tasks() -> None:
+    gate = asyncio.Event()
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        if prompt > 0:
+            await gate.wait()
+        return prompt
+
+    before = asyncio.all_tasks()
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        async with d.run(range(5), rollout) as run:
+            async for outcome in run:
+                assert outcome.prompt_id == 0
+                break
+        assert run.aborted_ids() == [1, 2, 3, 4]
+        assert d.in_flight == 0
+    assert asyncio.all_tasks() == before
+    assert value(d, "rollout_in_flight") == 0
+
+
+async def test_leaving_the_dispatcher_stops_unconsumed_runs_and_closes_the_source() -> None:
+    source = ControlledSource(make_shards("a"))
+
+    all_started = asyncio.Event()
+    started = 0
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        nonlocal started
+        started += 1
+        if started == 3:
+            all_started.set()
+        await asyncio.Event().wait()
+        return prompt
+
+    before = asyncio.all_tasks()
+    async with Dispatcher(source, FAST) as d:
+        run = d.run(range(3), rollout)
+        consumer = asyncio.create_task(collect(run))  # a consumer still iterating
+        await all_started.wait()
+        assert d.in_flight == 3
+    assert source.closed.is_set()
+    with pytest.raises(RuntimeError, match="run closed with 3 unfinished prompt"):
+        await consumer
+    assert run.stats.aborted == 3
+    assert asyncio.all_tasks() == before
+
+
+async def test_a_source_that_ends_leaves_its_last_snapshot_in_force() -> None:
+    source = ControlledSource(make_shards("a", "b"))
+    source.end()
+    async with Dispatcher(source, FAST) as d:
+        await source.closed.wait()
+        outcomes = await collect(d.run(range(4), echo_rollout()))
+    assert {o.shard for o in outcomes if isinstance(o, Completed)} == {"a", "b"}
+
+
+async def test_run_validates_prompt_ids() -> None:
+    async with Dispatcher(StaticShardSource(make_shards("a")), FAST) as d:
+        with pytest.raises(ValueError, match="unique"):
+            d.run([1, 2], echo_rollout(), prompt_ids=["x", "x"])
+        with pytest.raises(ValueError, match="2 prompt_ids for 3 prompts"):
+            d.run([1, 2, 3], echo_rollout(), prompt_ids=["x", "y"])
+
+
+def test_run_outside_the_context_manager_is_refused() -> None:
+    d = Dispatcher(StaticShardSource(make_shards("a")))
+    with pytest.raises(RuntimeError, match="async with Dispatcher"):
+        d.run([1], echo_rollout())
+
+
+async def test_observer_sees_every_attempt() -> None:
+    events: list[Any] = []
+    async with Dispatcher(StaticShardSource(make_shards("a")), FAST, observer=events.append) as d:
+        await collect(d.run(range(3), echo_rollout()))
+    ended = [e for e in events if isinstance(e, AttemptEnded)]
+    assert sorted(e.prompt_id for e in ended) == [0, 1, 2]
+    assert {e.outcome for e in ended} == {"success"}
+
+
+async def test_ledger_lines_are_json_with_the_documented_fields(tmp_path: Path) -> None:
+    async def rollout(shard: Shard, prompt: str) -> str:
+        raise RolloutTerminalDataFailure("bad")
+
+    policy = FAST.model_copy(update={"failure_ledger_path": tmp_path / "f.jsonl"})
+    async with Dispatcher(StaticShardSource(make_shards("a")), policy) as d:
+        await collect(d.run(["x" * 1000], rollout))
+    line = (tmp_path / "f.jsonl").read_text().splitlines()[0]
+    entry = json.loads(line)
+    assert set(entry) == {
+        "prompt_id",
+        "result",
+        "failure_class",
+        "failure_type",
+        "reason",
+        "attempts",
+        "shards",
+        "time",
+        "prompt_preview",
+    }
+    assert len(entry["prompt_preview"]) == 200

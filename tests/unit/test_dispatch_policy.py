@@ -1,0 +1,58 @@
+"""DispatchPolicy: the documented defaults and clear validation errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from rollout_runtime.dispatch import DispatchPolicy
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    policy = DispatchPolicy()
+    assert (policy.max_infra_attempts, policy.max_data_attempts, policy.max_skipped_prompts) == (5, 2, 0)
+    assert (policy.backoff_initial_seconds, policy.backoff_multiplier, policy.backoff_max_seconds) == (1, 2, 30)
+    assert (policy.stall_deadline_seconds, policy.stall_check_seconds, policy.stall_action) == (600, 30, "warn")
+    assert policy.attempt_timeout_seconds is None
+    assert policy.failure_ledger_path is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"attempt_timeout_seconds": 600},
+            "stall_deadline_seconds (600.0) must be longer than attempt_timeout_seconds (600.0)",
+        ),
+        (
+            {"attempt_timeout_seconds": 120, "stall_deadline_seconds": 60, "stall_check_seconds": 10},
+            "stall_deadline_seconds (60.0) must be longer than attempt_timeout_seconds (120.0)",
+        ),
+        ({"backoff_initial_seconds": 10, "backoff_max_seconds": 5}, "backoff_max_seconds (5.0) must be >= "),
+        ({"ejection_base_seconds": 60, "ejection_max_seconds": 30}, "ejection_max_seconds (30.0) must be >= "),
+        ({"stall_check_seconds": 700}, "stall_check_seconds (700.0) must be <= stall_deadline_seconds (600.0)"),
+        ({"max_infra_attempts": 0}, "max_infra_attempts\n  Input should be greater than or equal to 1"),
+        ({"attempt_timeout_seconds": 0}, "attempt_timeout_seconds\n  Input should be greater than 0"),
+        ({"stall_action": "panic"}, "stall_action\n  Input should be 'warn' or 'abort'"),
+        ({"backoff_jitter": 1.5}, "backoff_jitter\n  Input should be less than or equal to 1"),
+        ({"max_ejection_percent": 101}, "max_ejection_percent\n  Input should be less than or equal to 100"),
+        ({"healthy_wait_seconds": float("inf")}, "healthy_wait_seconds\n  Input should be a finite number"),
+        ({"max_retries": 3}, "max_retries\n  Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_policies_are_rejected_with_a_clear_message(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        DispatchPolicy(**fields)
+    assert message in str(caught.value)
+
+
+def test_a_stall_deadline_longer_than_the_attempt_timeout_is_accepted() -> None:
+    policy = DispatchPolicy(attempt_timeout_seconds=300, stall_deadline_seconds=301)
+    assert policy.attempt_timeout_seconds == 300
+
+
+def test_policy_is_immutable() -> None:
+    with pytest.raises(ValidationError, match="frozen"):
+        DispatchPolicy().max_infra_attempts = 9  # type: ignore[misc]
