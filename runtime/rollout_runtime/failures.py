@@ -355,12 +355,17 @@ def _safe_str(exc: BaseException) -> str:
         return f"<unprintable {type(exc).__name__}>"
 
 
-def _describe(exc: BaseException) -> str:
+def _is_ours(exc: BaseException) -> bool:
+    return isinstance(exc, RolloutFailure) and type(exc).__module__ == __name__
+
+
+def _describe(exc: BaseException, *, name_head: bool = True) -> str:
     """One line: the exception and the causes that explain it, as a reader would want them in a ledger."""
     parts: list[str] = []
     for link in _links(exc, set()):
         text = _safe_str(link)
-        parts.append(f"{failure_type(link)}: {text}" if text else failure_type(link))
+        named = name_head or link is not exc
+        parts.append(f"{failure_type(link)}: {text}" if named and text else text if text else failure_type(link))
     return " <- ".join(parts)
 
 
@@ -373,11 +378,13 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
     """
     if isinstance(exc, RolloutRedispatchExhausted | RolloutStall):
         return exc
+    if _is_ours(exc) and exc.__cause__ is None and len(_safe_str(exc)) <= MAX_MESSAGE_CHARS:
+        return exc  # already a plain, picklable taxonomy member: converting again would only re-wrap its text
     try:
         status = next((s for s in (_http_status(link) for link in _links(exc, set())) if s is not None), None)
         original = getattr(exc, "original_type", None) if isinstance(exc, RolloutFailure) else None
         original_type = original if isinstance(original, str) else f"{type(exc).__module__}.{type(exc).__qualname__}"
-        message = _bounded(_describe(exc))
+        message = _bounded(_describe(exc, name_head=not _is_ours(exc)))  # our own class already names itself
         target = _converted_type(exc, classify_rollout_failure(exc))
         return target(message, status=status, original_type=original_type)
     except Exception:

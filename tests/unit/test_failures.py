@@ -425,3 +425,13 @@ def test_conversion_always_pickles_and_classifies_identically(exc: BaseException
     assert classify_rollout_failure(restored) is classify_rollout_failure(exc)
     assert type(restored) is type(converted)
     assert len(str(restored)) <= failures.MAX_MESSAGE_CHARS
+
+
+def test_conversion_is_idempotent_and_does_not_repeat_the_type() -> None:
+    """Converting twice (a client converts, then a decorator does) must not stack "Type: Type: ..." prefixes."""
+    once = to_picklable_failure(RolloutTerminalDataFailure("environment said no"))
+    twice = to_picklable_failure(once)
+    assert twice is once
+    assert str(once) == "environment said no"
+    wrapped = to_picklable_failure(chain(RuntimeError("outer"), GymTransportError("env down")))
+    assert str(wrapped) == "RuntimeError: outer <- GymTransportError: env down"
