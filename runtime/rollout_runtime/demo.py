@@ -1,0 +1,404 @@
+"""The local demo fleet: real simulated shards and an environment server, a chaos schedule, one batch of prompts.
+
+Everything runs on 127.0.0.1 as real subprocesses; nothing needs Kubernetes. The demo is the project's main job:
+it shows, in under half a minute, a batch surviving a killed shard, a hung shard, a flapping shard and 503
+bursts, with over-long prompts reported as data failures (with vLLM's reason) instead of zero rewards.
+
+This module holds the run; :mod:`rollout_runtime.cli.demo` renders it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout_runtime.dispatch import (
+    Completed,
+    DataFailed,
+    Dispatcher,
+    DispatchEvent,
+    DispatchPolicy,
+    FailureLedger,
+    RunStats,
+    Skipped,
+)
+from rollout_runtime.environment import EnvironmentClient
+from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall
+from rollout_runtime.generation import GenerationClient
+from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy
+from rollout_runtime.shards import LocalShardSource, Shard
+from rollout_runtime.sim import SimFaults, SimFleet
+from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
+from rollout_runtime.sim.environments import ArithmeticRequest, ArithmeticResponse
+
+__all__ = [
+    "ChaosStep",
+    "DemoConfig",
+    "DemoPrompt",
+    "DemoReport",
+    "DemoResult",
+    "chaos_schedule",
+    "demo_prompts",
+    "run_demo",
+]
+
+MODEL = "sim-model"
+MAX_MODEL_LEN = 256
+MAX_TOKENS = 16
+
+
+class DemoConfig(BaseModel):
+    """What the demo runs. The defaults finish in well under 30 s on two cores."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shards: Annotated[int, Field(ge=1, le=32)] = 5
+    prompts: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    over_long_prompts: Annotated[int, Field(ge=0)] = 5
+    chaos: bool = True
+    environment: bool = True
+    """Score every generation on a real environment server (the arithmetic verifier)."""
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = 16
+    shard_latency_seconds: Annotated[float, Field(ge=0, le=10)] = 0.15
+    """Simulated generation time, so that chaos lands on requests in flight."""
+    seed: int = 0
+    report_dir: Path = Path("reports/demo")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPrompt:
+    problem: str
+    text: str
+    over_long: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    answer: str
+    reward: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosStep:
+    """At ``at_fraction`` of the prompts finished, do ``action`` to ``shard``."""
+
+    at_fraction: float
+    action: Literal["kill", "hang", "resume", "restart", "flap_start", "flap_stop", "burst"]
+    shard: str
+    description: str
+
+
+def demo_prompts(config: DemoConfig) -> list[DemoPrompt]:
+    """Arithmetic problems (which the sim model answers and the verifier scores) plus a few over-long ones."""
+    rng = random.Random(config.seed)
+    prompts: list[DemoPrompt] = []
+    for _ in range(config.prompts - min(config.over_long_prompts, config.prompts)):
+        a, b, op = rng.randint(1, 99), rng.randint(1, 99), rng.choice("+-*")
+        problem = f"{a} {op} {b}"
+        prompts.append(DemoPrompt(problem=problem, text=f"What is {problem}? Answer with a number."))
+    for _ in range(min(config.over_long_prompts, config.prompts)):
+        padding = " ".join(["context"] * (MAX_MODEL_LEN + 50))
+        text = f"{padding} What is 1 + 1?"
+        prompts.insert(rng.randrange(len(prompts) + 1), DemoPrompt("1 + 1", text, over_long=True))
+    return prompts
+
+
+def chaos_schedule(names: Sequence[str]) -> list[ChaosStep]:
+    """The demo's faults: kill, hang, flap and burst, each on its own shard, keeping one shard clean if possible."""
+    steps: list[ChaosStep] = []
+    if len(names) >= 1:
+        steps += [
+            ChaosStep(0.10, "kill", names[0], "SIGKILL: the shard process dies"),
+            ChaosStep(0.65, "restart", names[0], "the killed shard comes back"),
+        ]
+    if len(names) >= 2:
+        steps += [
+            ChaosStep(0.20, "hang", names[1], "SIGSTOP: the shard hangs with requests in flight"),
+            ChaosStep(0.55, "resume", names[1], "SIGCONT: the hung shard resumes"),
+        ]
+    if len(names) >= 3:
+        steps += [
+            ChaosStep(0.25, "flap_start", names[2], "health endpoint starts flapping"),
+            ChaosStep(0.75, "flap_stop", names[2], "flapping stops"),
+        ]
+    if len(names) >= 4:
+        steps.append(ChaosStep(0.35, "burst", names[3], "a burst of 503s"))
+    return sorted(steps, key=lambda s: s.at_fraction)
+
+
+@dataclass
+class DemoReport:
+    """The JSON report, and what the summary table shows."""
+
+    config: dict[str, Any]
+    stats: dict[str, int] = field(default_factory=dict)
+    data_failures: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    chaos: list[dict[str, Any]] = field(default_factory=list)
+    failure_types: dict[str, int] = field(default_factory=dict)
+    ejections_by_shard: dict[str, int] = field(default_factory=dict)
+    shard_phases: dict[str, str] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
+    mean_reward: float | None = None
+    wall_seconds: float = 0.0
+    error: str | None = None
+    invariant_holds: bool = False
+    ledger_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True, default=str)
+
+
+class DemoView:
+    """What a renderer may read while the demo runs (all in-process, updated from the event loop)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.completed = 0
+        self.data_failed = 0
+        self.skipped = 0
+        self.events: list[str] = []
+        self.timeline: list[str] = []
+        self.phases: dict[str, HealthPhase] = {}
+        self.routable: tuple[str, ...] = ()
+        self.ejected: frozenset[str] = frozenset()
+        self.stats: RunStats | None = None
+        self.started = time.monotonic()
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.data_failed + self.skipped
+
+    def note(self, text: str) -> None:
+        line = f"{time.monotonic() - self.started:5.1f}s  {text}"
+        self.timeline.append(line)
+        self.events = self.timeline[-8:]
+
+
+async def run_demo(
+    config: DemoConfig,
+    *,
+    registry: CollectorRegistry,
+    view: DemoView | None = None,
+    on_tick: Callable[[DemoView], None] | None = None,
+) -> DemoReport:
+    """Run the demo batch; never raises for a failed run (the report says what happened)."""
+    prompts = demo_prompts(config)
+    view = view or DemoView(len(prompts))
+    report = DemoReport(config=config.model_dump(mode="json"))
+    config.report_dir.mkdir(parents=True, exist_ok=True)
+    ledger_path = config.report_dir / "failures.jsonl"
+    ledger_path.unlink(missing_ok=True)
+    report.ledger_path = str(ledger_path)
+    started = time.monotonic()
+    latency = SimFaults(slow_seconds=config.shard_latency_seconds)
+    async with contextlib.AsyncExitStack() as stack:
+        fleet = await stack.enter_async_context(
+            SimFleet(
+                config.shards,
+                model=MODEL,
+                max_model_len=MAX_MODEL_LEN,
+                seed=config.seed,
+                faults={f"shard-{i}": latency for i in range(config.shards)},
+            )
+        )
+        view.note(f"started {config.shards} simulated shards")
+        env: SimEnvProcess | None = None
+        if config.environment:
+            env = await stack.enter_async_context(await spawn_env_server("verifier"))
+            view.note(f"started the arithmetic verifier at {env.url}")
+        source = LocalShardSource(
+            fleet.shards,
+            ProbeSettings(period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2, success_threshold=2),
+            policy=ProbeTargetPolicy.local(),
+        )
+        policy = DispatchPolicy(
+            max_infra_attempts=10,
+            max_data_attempts=2,
+            backoff_initial_seconds=0.05,
+            backoff_max_seconds=1.0,
+            attempt_timeout_seconds=5.0,
+            healthy_wait_seconds=20.0,
+            ejection_base_seconds=2.0,
+            ejection_max_seconds=10.0,
+            stall_deadline_seconds=25.0,
+            stall_check_seconds=1.0,
+            stall_action="abort",
+            max_concurrency=config.concurrency,
+        )
+        generation = await stack.enter_async_context(GenerationClient(timeout_seconds=30.0))
+        environment = await stack.enter_async_context(EnvironmentClient(env.url, timeout_seconds=30.0)) if env else None
+
+        async def rollout(shard: Shard, prompt: DemoPrompt) -> DemoResult:
+            completion = await generation.complete(shard, prompt.text, max_tokens=MAX_TOKENS)
+            if environment is None:
+                return DemoResult(answer=completion.text, reward=float("nan"))
+            reply = await environment.run_episode(
+                ArithmeticRequest(problem=prompt.problem, answer=completion.text), ArithmeticResponse
+            )
+            return DemoResult(answer=completion.text, reward=reply.reward)
+
+        def observe(event: DispatchEvent) -> None:
+            name = type(event).__name__
+            if name == "ShardEjected":
+                view.note(f"ejected {event.shard} for {event.seconds:.1f}s (passive: a request failed)")  # type: ignore[union-attr]
+            elif name == "ShardRestored":
+                view.note(f"restored {event.shard} ({event.reason})")  # type: ignore[union-attr]
+            elif name == "HealthyShardsChanged":
+                view.routable = event.routable  # type: ignore[union-attr]
+            elif name == "StallDetected":
+                view.note(f"STALL: nothing committed for {event.idle_seconds:.0f}s")  # type: ignore[union-attr]
+
+        dispatcher = await stack.enter_async_context(
+            Dispatcher(
+                source, policy, registry=registry, observer=observe, seed=config.seed, ledger=FailureLedger(ledger_path)
+            )
+        )
+        schedule = chaos_schedule(fleet.names) if config.chaos else []
+        chaos = _Chaos(fleet, schedule, view, report)
+        rewards: list[float] = []
+        failure_types: Counter[str] = Counter()
+        run = dispatcher.run(prompts, rollout)
+        try:
+            async with run:
+                async for outcome in run:
+                    if isinstance(outcome, Completed):
+                        view.completed += 1
+                        rewards.append(outcome.result.reward)
+                    elif isinstance(outcome, DataFailed):
+                        view.data_failed += 1
+                        failure_types[outcome.failure_type] += 1
+                        report.data_failures.append(_failed_entry(outcome))
+                    elif isinstance(outcome, Skipped):
+                        view.skipped += 1
+                        report.skipped.append({"prompt_id": outcome.prompt_id, "reason": outcome.reason})
+                    view.stats = run.stats
+                    view.phases = source.phases()
+                    view.ejected = dispatcher.ejected
+                    await chaos.advance(view.finished / max(len(prompts), 1))
+                    if on_tick is not None:
+                        on_tick(view)
+        except (RolloutRedispatchExhausted, RolloutStall) as exc:
+            report.error = f"{type(exc).__name__}: {exc}"
+            view.note(f"run ended: {report.error}")
+        finally:
+            await chaos.stop()
+        stats = run.stats
+        view.stats = stats
+        view.phases = source.phases()
+        report.stats = {
+            name: getattr(stats, name)
+            for name in (
+                "submitted", "completed", "data_failed", "skipped", "aborted", "successes", "infra_failures",
+                "data_failures", "cancelled", "redispatches", "exhausted", "ejections", "stalls",
+            )
+        }  # fmt: skip
+        report.stats["attempts"] = stats.attempts
+        report.failure_types = dict(failure_types)
+        report.shard_phases = {name: phase.value for name, phase in source.phases().items()}
+        report.ejections_by_shard = _ejections_by_shard(registry)
+        finite = [r for r in rewards if r == r]
+        report.mean_reward = sum(finite) / len(finite) if finite else None
+        report.invariant_holds = stats.submitted == stats.finished + stats.aborted and stats.submitted == len(prompts)
+    report.timeline = view.timeline
+    report.wall_seconds = round(time.monotonic() - started, 2)
+    (config.report_dir / "report.json").write_text(report.to_json())
+    return report
+
+
+def _failed_entry(outcome: DataFailed[DemoPrompt]) -> dict[str, Any]:
+    return {
+        "prompt_id": outcome.prompt_id,
+        "failure_type": outcome.failure_type,
+        "reason": outcome.reason,
+        "attempts": outcome.attempts,
+        "over_long": outcome.prompt.over_long,
+    }
+
+
+def _ejections_by_shard(registry: CollectorRegistry) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for metric in registry.collect():
+        if metric.name == "rollout_ejections":
+            for sample in metric.samples:
+                if sample.name == "rollout_ejections_total":
+                    counts[sample.labels["shard"]] = int(sample.value)
+    return counts
+
+
+class _Chaos:
+    """Fires the schedule as the batch progresses; flapping runs as a background toggle until stopped."""
+
+    def __init__(self, fleet: SimFleet, schedule: list[ChaosStep], view: DemoView, report: DemoReport) -> None:
+        self._fleet = fleet
+        self._pending = list(schedule)
+        self._view = view
+        self._report = report
+        self._flappers: dict[str, asyncio.Task[None]] = {}
+        self._started = time.monotonic()
+
+    async def advance(self, fraction: float) -> None:
+        while self._pending and self._pending[0].at_fraction <= fraction:
+            step = self._pending.pop(0)
+            await self._do(step)
+            self._view.note(f"chaos: {step.shard}: {step.description}")
+            self._report.chaos.append(
+                {
+                    "action": step.action,
+                    "shard": step.shard,
+                    "at_fraction": step.at_fraction,
+                    "at_seconds": round(time.monotonic() - self._started, 2),
+                }
+            )
+
+    async def _do(self, step: ChaosStep) -> None:
+        fleet, name = self._fleet, step.shard
+        if step.action == "kill":
+            await fleet.kill(name)
+        elif step.action == "restart":
+            await fleet.restart(name)
+        elif step.action == "hang":
+            fleet.hang(name)
+        elif step.action == "resume":
+            fleet.resume(name)
+        elif step.action == "burst":
+            await fleet.set_faults(name, fail_next=20, error_status=503)
+        elif step.action == "flap_start":
+            self._flappers[name] = asyncio.create_task(self._flap(name), name=f"demo-flap-{name}")
+        elif step.action == "flap_stop":
+            await self._stop_flapping(name)
+
+    async def _flap(self, name: str) -> None:
+        unhealthy = False
+        while True:
+            unhealthy = not unhealthy
+            await self._fleet.set_faults(name, unhealthy=unhealthy)
+            await asyncio.sleep(1.5)
+
+    async def _stop_flapping(self, name: str) -> None:
+        task = self._flappers.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(Exception):
+                await self._fleet.set_faults(name, unhealthy=False)
+
+    async def stop(self) -> None:
+        for name in list(self._flappers):
+            await self._stop_flapping(name)
+        for step in self._pending:  # leave no shard hung behind the demo
+            if step.action == "resume":
+                self._fleet.resume(step.shard)
+        self._pending.clear()
