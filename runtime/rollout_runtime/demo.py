@@ -86,7 +86,8 @@ class DemoPrompt:
 @dataclass(frozen=True, slots=True)
 class DemoResult:
     answer: str
-    reward: float
+    reward: float | None
+    """None when no environment scored it (``--no-env``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +244,7 @@ async def run_demo(
         async def rollout(shard: Shard, prompt: DemoPrompt) -> DemoResult:
             completion = await generation.complete(shard, prompt.text, max_tokens=MAX_TOKENS)
             if environment is None:
-                return DemoResult(answer=completion.text, reward=float("nan"))
+                return DemoResult(answer=completion.text, reward=None)
             reply = await environment.run_episode(
                 ArithmeticRequest(problem=prompt.problem, answer=completion.text), ArithmeticResponse
             )
@@ -267,7 +268,7 @@ async def run_demo(
         )
         schedule = chaos_schedule(fleet.names) if config.chaos else []
         chaos = _Chaos(fleet, schedule, view, report)
-        rewards: list[float] = []
+        rewards: list[float | None] = []
         failure_types: Counter[str] = Counter()
         run = dispatcher.run(prompts, rollout)
         try:
@@ -308,8 +309,8 @@ async def run_demo(
         report.failure_types = dict(failure_types)
         report.shard_phases = {name: phase.value for name, phase in source.phases().items()}
         report.ejections_by_shard = _ejections_by_shard(registry)
-        finite = [r for r in rewards if r == r]
-        report.mean_reward = sum(finite) / len(finite) if finite else None
+        scored = [r for r in rewards if r is not None]
+        report.mean_reward = sum(scored) / len(scored) if scored else None
         report.invariant_holds = stats.submitted == stats.finished + stats.aborted and stats.submitted == len(prompts)
     report.timeline = view.timeline
     report.wall_seconds = round(time.monotonic() - started, 2)
