@@ -22,10 +22,10 @@ from fleet_operator.settings import OperatorSettings
 from support.chart import (
     CHART_DIR,
     KUBE_VERSION,
-    OPERATIONS_DOC,
     RULES_FILE,
     by_kind,
     committed_dashboards,
+    documented_rbac,
     package_version,
     render,
 )
@@ -35,18 +35,6 @@ from support.prometheus import Promtool
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 # --- the documented least-privilege set --------------------------------------------------------------------------
-
-
-def documented_rbac() -> dict[tuple[str, str], tuple[set[str], str]]:
-    """(apiGroup, resource) -> (verbs, scope) from the RBAC table in docs/operations.md."""
-    text = OPERATIONS_DOC.read_text()
-    table = text.split("<!-- rbac-table:", 1)[1].split("\n\n", 1)[0]
-    rows: dict[tuple[str, str], tuple[set[str], str]] = {}
-    for line in table.splitlines()[3:]:
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        group = "" if cells[0] == "(core)" else cells[0]
-        rows[(group, cells[1])] = ({verb.strip() for verb in cells[2].split(",")}, cells[3])
-    return rows
 
 
 def rules_as_table(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:

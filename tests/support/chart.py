@@ -59,6 +59,17 @@ def by_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in docs if doc["kind"] == kind]
 
 
+def documented_rbac() -> dict[tuple[str, str], tuple[set[str], str]]:
+    """(apiGroup, resource) -> (verbs, scope) from the least-privilege table in docs/operations.md ("RBAC")."""
+    table = OPERATIONS_DOC.read_text().split("<!-- rbac-table:", 1)[1].split("\n\n", 1)[0]
+    rows: dict[tuple[str, str], tuple[set[str], str]] = {}
+    for line in table.splitlines()[3:]:  # the marker comment, the header and the separator
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        group = "" if cells[0] == "(core)" else cells[0]
+        rows[(group, cells[1])] = ({verb.strip() for verb in cells[2].split(",")}, cells[3])
+    return rows
+
+
 def alert_rules() -> list[dict[str, Any]]:
     """Every alerting rule of the chart's rule file (the single source of the alerts)."""
     source = yaml.safe_load(RULES_FILE.read_text())
