@@ -41,6 +41,7 @@ KINDS = ("verifier", "multistep")
 @click.option("--admission-timeout", type=float, default=None, help="Seconds; required with a concurrency limit.")
 @click.option("--episode-timeout", type=float, default=None, help="Seconds; none by default.")
 @click.option("--cleanup-timeout", type=float, default=10.0, show_default=True)
+@click.option("--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for spawners).")
 @click.option("--log-level", default="INFO", show_default=True)
 def sim_env(
     kind: str,
@@ -52,6 +53,7 @@ def sim_env(
     admission_timeout: float | None,
     episode_timeout: float | None,
     cleanup_timeout: float,
+    exit_with_parent: bool,
     log_level: str,
 ) -> None:
     """Serve a simulated environment server (verifier: arithmetic 1/0; multistep: checkpointed running sum)."""
@@ -71,10 +73,13 @@ def sim_env(
         )
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from None
-    asyncio.run(_serve(kind, config))
+    try:
+        asyncio.run(_serve(kind, config, exit_with_parent=exit_with_parent))
+    except OSError as exc:  # e.g. the port is taken
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
 
 
-async def _serve(kind: str, config: EnvironmentServerConfig) -> None:
+async def _serve(kind: str, config: EnvironmentServerConfig, *, exit_with_parent: bool) -> None:
     from rollout_runtime.sim.environments import SIM_ENVIRONMENTS
 
     server = SIM_ENVIRONMENTS[kind](config)
@@ -85,8 +90,15 @@ async def _serve(kind: str, config: EnvironmentServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     ready = {"host": config.host, "port": running.port, "pid": os.getpid(), "kind": kind, "url": running.url}
     print(READY_PREFIX + json.dumps(ready), flush=True)
+    parent = os.getppid()
     try:
-        await stop.wait()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                if exit_with_parent and os.getppid() != parent:
+                    logging.getLogger(__name__).warning("sim-env: parent %d is gone, exiting", parent)
+                    break
     finally:
         await running.stop()
 

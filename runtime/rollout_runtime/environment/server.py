@@ -359,9 +359,13 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         tasks = self.aggregate_metrics(request.rollouts, success_threshold=request.success_threshold)
         return web.json_response({"tasks": {k: v.model_dump(mode="json") for k, v in tasks.items()}})
 
-    async def start(self, app: web.Application | None = None) -> RunningServer:
-        """Serve on ``config.host:config.port`` (port 0: a free one); returns the bound address."""
-        runner = web.AppRunner(app or self.setup_webserver(), access_log=None)
+    async def start(self, app: web.Application | None = None, *, shutdown_grace_seconds: float = 5.0) -> RunningServer:
+        """Serve on ``config.host:config.port`` (port 0: a free one); returns the bound address.
+
+        On stop, episodes in flight get ``shutdown_grace_seconds`` to finish; then they are cancelled, and their
+        cleanup still runs (shielded, bounded).
+        """
+        runner = web.AppRunner(app or self.setup_webserver(), access_log=None, shutdown_timeout=shutdown_grace_seconds)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
         await site.start()

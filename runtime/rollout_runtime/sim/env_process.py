@@ -86,7 +86,8 @@ async def spawn_env_server(
     ready_timeout_seconds: float = 60.0,
 ) -> SimEnvProcess:
     """Start ``sim-env --kind <kind>`` and return once it listens (its READY line names the port)."""
-    argv = [sys.executable, "-m", "rollout_runtime.cli.sim_env", "--kind", kind, "--host", host, "--port", str(port)]
+    argv = [sys.executable, "-m", "rollout_runtime.cli.sim_env", "--kind", kind, "--host", host, "--port", str(port),
+            "--exit-with-parent"]  # fmt: skip
     if checkpoint_dir is not None:
         argv += ["--checkpoint-dir", os.fspath(checkpoint_dir)]
     argv += list(extra_args)

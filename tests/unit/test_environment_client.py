@@ -1,0 +1,56 @@
+"""The client's failure mapping as pure decisions: episode failures and bare HTTP errors onto the taxonomy."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_runtime.environment import EpisodeFailure, rollout_failure_for_episode, rollout_failure_for_http_error
+from rollout_runtime.failures import (
+    FailureClass,
+    GymTransportError,
+    RolloutDataFailure,
+    RolloutInfraFailure,
+    RolloutTerminalDataFailure,
+    RolloutTimeout,
+    classify_rollout_failure,
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "terminal", "expected"),
+    [
+        ("episode_failed", True, RolloutTerminalDataFailure),
+        ("dependency_failed", True, RolloutTerminalDataFailure),
+        ("episode_timeout", True, RolloutTerminalDataFailure),  # the server's terminal verdict wins
+        ("dependency_failed", False, RolloutInfraFailure),
+        ("admission_rejected", False, RolloutInfraFailure),
+        ("episode_timeout", False, RolloutTimeout),
+        ("admission_timeout", False, RolloutTimeout),
+    ],
+)
+def test_episode_failures_map_by_their_terminal_flag(kind: str, terminal: bool, expected: type[Exception]) -> None:
+    failure = EpisodeFailure(kind=kind, stage="s", reason="why", terminal=terminal)
+    mapped = rollout_failure_for_episode(failure)
+    assert type(mapped) is expected
+    assert classify_rollout_failure(mapped) is (FailureClass.DATA if terminal else FailureClass.INFRA)
+    assert "why" in str(mapped)
+
+
+@pytest.mark.parametrize("status", range(400, 600))
+def test_bare_http_errors_follow_the_one_status_table(status: int) -> None:
+    mapped = rollout_failure_for_http_error(status, '{"error": {"message": "nope"}}')
+    infra = status >= 500 or status in (408, 425, 429)
+    assert type(mapped) is (GymTransportError if infra else RolloutDataFailure)
+    assert mapped.status == status
+    assert "nope" in str(mapped)
+
+
+def test_validation_details_reach_the_message() -> None:
+    body = '{"error": {"message": "bad", "details": [{"loc": ["values", "0"], "msg": "Input should be an integer"}]}}'
+    assert "values.0: Input should be an integer" in str(rollout_failure_for_http_error(422, body))
+
+
+def test_a_non_json_error_body_is_kept_bounded() -> None:
+    mapped = rollout_failure_for_http_error(502, "<html>" + "x" * 5000)
+    assert str(mapped).startswith("environment server answered HTTP 502: <html>")
+    assert len(str(mapped)) < 700
