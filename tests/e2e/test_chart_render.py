@@ -468,3 +468,19 @@ def test_reader_cluster_role_only_reads_the_three_kinds(chart_docs_full: list[di
         for kind in ("rolloutfleets", "generationshards", "environmentservers")
     }
     assert reader["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+
+
+def test_pod_monitor_alternative_scrapes_the_operator_pods_like_the_service_monitor(helm: Helm) -> None:
+    docs = render(helm, "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.service.enabled=false")
+    assert not by_kind(docs, "ServiceMonitor")
+    assert not by_kind(docs, "Service")
+    (monitor,) = by_kind(docs, "PodMonitor")
+    jsonschema.validate(monitor, MONITORING_SCHEMAS["PodMonitor"])
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
+    assert {"targetLabel": "job", "replacement": "rollout-fleet-operator"} in endpoint["relabelings"]
+    (deployment,) = by_kind(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    container_ports = {port["name"] for port in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert endpoint["port"] in container_ports
