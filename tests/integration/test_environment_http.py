@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import multiprocessing
 import pickle
 from collections.abc import AsyncIterator
 
@@ -306,3 +308,35 @@ async def test_client_maps_bad_requests_to_data_and_server_errors_without_a_repl
     assert data.value.status == 422
     assert "hold" in str(data.value)
     assert not isinstance(data.value, RolloutTerminalDataFailure)
+
+
+def _run_in_child(url: str, request: dict[str, object]) -> None:
+    """Runs in a spawned worker process: its failure comes back to the parent by pickling."""
+
+    async def run() -> None:
+        async with EnvironmentClient(url) as client:
+            await client.run_episode(request)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("request_body", "expected", "failure_class"),
+    [
+        ({"fail": "handled"}, RolloutTerminalDataFailure, FailureClass.DATA),
+        ({"fail": "dependency-retryable"}, RolloutInfraFailure, FailureClass.INFRA),
+    ],
+)
+async def test_client_failures_cross_a_real_process_boundary_with_their_class(
+    served: tuple[ProbeServer, RunningServer],
+    request_body: dict[str, object],
+    expected: type[Exception],
+    failure_class: FailureClass,
+) -> None:
+    _, running = served
+    loop = asyncio.get_running_loop()
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool, pytest.raises(expected) as caught:
+        await loop.run_in_executor(pool, _run_in_child, running.url, request_body)
+    assert type(caught.value) is expected
+    assert classify_rollout_failure(caught.value) is failure_class
