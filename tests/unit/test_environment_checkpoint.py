@@ -399,3 +399,36 @@ async def test_a_corrupt_checkpoint_fails_the_episode_loudly_and_stays_on_disk(t
     assert str(store.path_for("e")) in failure.reason
     assert server.runs == []
     assert store.path_for("e").exists()
+
+
+class _FullDisk(MemoryCheckpointStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = True
+
+    async def save(self, record: CheckpointRecord) -> None:
+        if self.full:
+            raise OSError(28, "No space left on device")
+        await super().save(record)
+
+
+async def test_a_failed_export_keeps_episodes_parked_and_a_second_open_retries_it() -> None:
+    store = _FullDisk()
+    server = StepServer(store=store)
+    server.open_gates("e/s0")
+    episode = asyncio.create_task(server.serve_episode(StepRequest(episode_id="e", steps=2)))
+    await server.entered["e/s1"].wait()
+    server.open_gates("e/s1")
+
+    with pytest.raises(OSError, match="No space left"):
+        await server.checkpoints.open()
+    assert server.checkpoints.is_open
+    await until(lambda: server.contexts["e"].steps.parked)
+
+    store.full = False
+    manifest = await server.checkpoints.open()
+
+    assert manifest.episodes["e"].next_step == "s2"
+    assert store.records["e"].state.next_step == "s2"
+    server.checkpoints.resume()
+    assert (await episode).outcome == "success"

@@ -336,6 +336,14 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
             return error_response(409, "checkpointing_off", str(exc))
         except CheckpointAborted as exc:
             return error_response(409, "checkpoint_aborted", str(exc))
+        except OSError as exc:
+            log.exception("checkpoint export failed")
+            return error_response(
+                500,
+                "checkpoint_export_failed",
+                f"writing the checkpoint failed ({type(exc).__name__}: {exc}); episodes stay parked: retry the open "
+                "or resume",
+            )
         return web.json_response(text=manifest.model_dump_json())
 
     async def handle_checkpoint_resume(self, _: web.Request) -> web.Response:

@@ -80,16 +80,23 @@ class CheckpointCoordinator:
         if not self._open:
             self._open = True
             self._resumed.clear()
+        if self._export is None or self._export_failed():
+            # a fresh checkpoint, or a retry after an export that failed (disk full): episodes stay parked meanwhile
             self._export = asyncio.get_running_loop().create_task(self._run_export(), name="checkpoint-export")
+
+    def _export_failed(self) -> bool:
+        export = self._export
+        return export is not None and export.done() and not export.cancelled() and export.exception() is not None
 
     async def open(self) -> CheckpointManifest:
         """Open a checkpoint (or join the open one) and return its manifest once exported."""
         self.begin()
-        assert self._export is not None
+        export = self._export
+        assert export is not None
         try:
-            return await asyncio.shield(self._export)
+            return await asyncio.shield(export)
         except asyncio.CancelledError:
-            if self._export.cancelled():
+            if export.cancelled():
                 raise CheckpointAborted("the checkpoint was resumed before its export completed") from None
             raise
 
@@ -99,6 +106,7 @@ class CheckpointCoordinator:
         self._open = False
         if self._export is not None and not self._export.done():
             self._export.cancel()
+        self._export = None
         self._resumed.set()
         return was_open
 
