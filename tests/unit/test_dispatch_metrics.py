@@ -1,0 +1,60 @@
+"""RolloutMetrics: the contract names and types, a private registry by default, and the /metrics server."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from rollout_runtime.metrics import RolloutMetrics, serve_metrics
+
+CONTRACT = {
+    "rollout_attempts": ("counter", {"outcome"}),
+    "rollout_failures": ("counter", {"failure_class", "failure_type"}),
+    "rollout_redispatches": ("counter", set()),
+    "rollout_redispatch_exhausted": ("counter", set()),
+    "rollout_stalls": ("counter", {"action"}),
+    "rollout_prompts": ("counter", {"result"}),
+    "rollout_in_flight": ("gauge", set()),
+    "rollout_attempt_duration_seconds": ("histogram", {"outcome"}),
+    "rollout_last_commit_timestamp_seconds": ("gauge", set()),
+    "rollout_ejections": ("counter", {"shard"}),
+    "rollout_healthy_shards": ("gauge", set()),
+}
+
+
+def test_registers_exactly_the_contract_names_types_and_labels() -> None:
+    metrics = RolloutMetrics()
+    metrics.failure("infra", "GenerationUnavailable")
+    metrics.ejections_total.labels(shard="a").inc()
+    found = {}
+    for family in metrics.registry.collect():
+        labels: set[str] = set()
+        for sample in family.samples:
+            labels |= set(sample.labels) - {"le"}
+        found[family.name] = (family.type, labels)
+    assert found == CONTRACT
+
+
+def test_each_instance_gets_its_own_registry_so_two_dispatchers_never_collide() -> None:
+    assert RolloutMetrics().registry is not RolloutMetrics().registry
+
+
+def test_bounded_series_exist_at_zero_before_any_event() -> None:
+    metrics = RolloutMetrics(CollectorRegistry())
+    for outcome in ("success", "infra_failure", "data_failure", "cancelled"):
+        assert metrics.registry.get_sample_value("rollout_attempts_total", {"outcome": outcome}) == 0
+    for result in ("completed", "data_failed", "skipped"):
+        assert metrics.registry.get_sample_value("rollout_prompts_total", {"result": result}) == 0
+
+
+async def test_serve_metrics_exposes_the_registry_over_http() -> None:
+    metrics = RolloutMetrics()
+    metrics.prompt_counter["completed"].inc(3)
+    async with serve_metrics(metrics.registry) as server, aiohttp.ClientSession() as session:
+        assert server.port > 0
+        async with session.get(server.url) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            body = await response.text()
+    assert 'rollout_prompts_total{result="completed"} 3.0' in body
+    assert "# HELP rollout_attempts_total" in body
