@@ -1,0 +1,159 @@
+"""The chaos fault schedule and injector: reproducible schedules, and faults that really happen to real processes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from rollout_runtime.environment import EnvironmentClient
+from rollout_runtime.failures import GymTransportError
+from rollout_runtime.sim import SimFleet
+from rollout_runtime.sim.chaos import (
+    FLEET_TARGET,
+    Fault,
+    FaultInjector,
+    FaultKind,
+    FaultSchedule,
+    SimEnvTarget,
+)
+from rollout_runtime.sim.environments import MultiStepRequest, MultiStepResponse
+
+NAMES = ["shard-0", "shard-1", "shard-2"]
+
+
+def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> None:
+    first = FaultSchedule.generate(7, NAMES)
+    assert FaultSchedule.generate(7, NAMES) == first
+    assert FaultSchedule.generate(8, NAMES) != first
+
+
+def test_a_generated_schedule_has_every_kind_in_order_within_bounds() -> None:
+    schedule = FaultSchedule.generate(3, NAMES, per_kind=2, start=0.1, end=0.7)
+    assert schedule.kinds() == {kind.value: 2 for kind in FaultKind}
+    starts = [fault.at_progress for fault in schedule.faults]
+    assert starts == sorted(starts)
+    assert all(0.1 <= start <= 0.7 for start in starts)
+    for fault in schedule.faults:
+        if fault.kind is FaultKind.ALL_SHARDS_DOWN:
+            assert fault.target == FLEET_TARGET
+        elif fault.kind is FaultKind.ENV_CRASH:
+            assert fault.target == "env"
+        else:
+            assert fault.target in NAMES
+        if fault.kind is FaultKind.ERROR_BURST_5XX:
+            assert fault.status is not None
+            assert 500 <= fault.status <= 599
+            assert fault.count > 0
+
+
+def test_without_an_environment_no_env_crash_is_drawn() -> None:
+    assert "env_crash" not in FaultSchedule.generate(1, NAMES, environment=None).kinds()
+
+
+def test_a_fault_on_an_unknown_target_is_refused_up_front() -> None:
+    fleet = SimFleet(2)
+    bad = FaultSchedule.of([Fault(kind=FaultKind.SHARD_KILL, target="shard-9", at_progress=0.1)])
+    with pytest.raises(ValueError, match="shard-9"):
+        FaultInjector(fleet, bad)
+    crash = FaultSchedule.of([Fault(kind=FaultKind.ENV_CRASH, target="env", at_progress=0.1)])
+    with pytest.raises(ValueError, match="no environment target"):
+        FaultInjector(fleet, crash)
+
+
+async def test_faults_fire_when_progress_reaches_them_and_are_undone_on_close() -> None:
+    schedule = FaultSchedule.of(
+        [
+            Fault(kind=FaultKind.SHARD_KILL, target="shard-0", at_progress=0.2, hold_seconds=3600),
+            Fault(kind=FaultKind.SHARD_HANG, target="shard-1", at_progress=0.2, hold_seconds=3600),
+            Fault(
+                kind=FaultKind.ERROR_BURST_5XX,
+                target="shard-2",
+                at_progress=0.5,
+                count=2,
+                status=502,
+                hold_seconds=3600,
+            ),
+        ]
+    )
+    async with SimFleet(3) as fleet, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        injector = FaultInjector(fleet, schedule)
+        killed_pid = fleet.pid("shard-0")
+        try:
+            injector.advance(0.1)
+            assert injector.pending == 3
+            assert injector.active == 0
+
+            injector.advance(0.3)
+            assert injector.pending == 1
+            await injector.until_applied(2)
+            assert not fleet.alive("shard-0")
+            assert fleet.members()["shard-1"].stopped
+
+            injector.advance(0.5)
+            await injector.until_applied(3)
+            assert (await _faults(session, fleet, "shard-2"))["fail_next"] == 2
+            url = f"{fleet.shard('shard-2').endpoint}/v1/completions"
+            async with session.post(url, json={"prompt": "1 + 1"}) as response:
+                assert response.status == 502
+        finally:
+            await injector.close()  # cancels the holds: everything is undone
+        assert fleet.alive("shard-0")
+        assert fleet.pid("shard-0") != killed_pid
+        assert not fleet.members()["shard-1"].stopped
+        assert (await _faults(session, fleet, "shard-2"))["fail_next"] == 0
+        async with session.get(f"{fleet.shard('shard-1').endpoint}/health") as response:
+            assert response.status == 200
+        assert [record.fault.kind for record in injector.injected] == [
+            FaultKind.SHARD_KILL,
+            FaultKind.SHARD_HANG,
+            FaultKind.ERROR_BURST_5XX,
+        ]
+        assert all(record.ended is not None for record in injector.injected)
+        assert injector.injected[0].detail["exit_status"] == -9
+        assert not injector.errors
+
+
+async def _faults(session: aiohttp.ClientSession, fleet: SimFleet, name: str) -> dict[str, object]:
+    async with session.get(f"{fleet.shard(name).endpoint}/admin/faults") as response:
+        result: dict[str, object] = await response.json()
+        return result
+
+
+async def test_env_crash_checkpoints_parked_episodes_and_the_restart_continues_them(tmp_path: Path) -> None:
+    schedule = FaultSchedule.of([Fault(kind=FaultKind.ENV_CRASH, target="env", at_progress=0.0)])
+
+    async with SimFleet(0) as fleet, SimEnvTarget("multistep", checkpoint_dir=tmp_path / "ckpt") as env:
+        port = env.port
+        request = MultiStepRequest(episode_id="crash-me", values=[1, 2, 3, 4, 5, 6], step_delay_seconds=0.3)
+        async with EnvironmentClient(env.url, timeout_seconds=30) as client:
+            episode = asyncio.create_task(client.run_episode(request, MultiStepResponse))
+            # The checkpoint waits for the episode's first step to record, then parks it: nothing to poll for.
+            await _until_in_flight(env.url)
+            injector = FaultInjector(fleet, schedule, environments={"env": env})
+            injector.advance(0.0)
+            await injector.wait()
+            with pytest.raises(GymTransportError):
+                await episode
+        (record,) = injector.injected
+        assert record.detail["checkpointed_episodes"] == ["crash-me"]
+        assert env.port == port
+        assert env.restarts == 1
+        async with EnvironmentClient(env.url, timeout_seconds=30) as client:
+            reply = await client.run_episode(request, MultiStepResponse)
+        assert reply.reward == 1.0
+        assert reply.totals == [1, 3, 6, 10, 15, 21]
+        assert reply.continued_from_step is not None
+        assert reply.continued_from_step > 0
+
+
+async def _until_in_flight(url: str) -> None:
+    """The server runs the episode (asked over HTTP: the server is another process, there is no event to await)."""
+    async with EnvironmentClient(url) as client:
+        for _ in range(200):
+            if (await client.health())["episodes_in_flight"] >= 1:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("the episode never started")
