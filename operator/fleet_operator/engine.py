@@ -294,7 +294,7 @@ class FleetEngine:
             state = _restored_state(target.spec, persisted)
             if state is not None:
                 initial[name] = state
-        _set_targets(self._monitor, wanted, initial)
+        self._monitor.set_targets(wanted, initial_states=initial)
 
     def _dirty_fleets(self, namespace: str) -> None:
         now = asyncio.get_running_loop().time()
@@ -546,14 +546,3 @@ def _restored_state(
         draining=spec.drain,
         last_error=parsed.last_error,
     )
-
-
-def _set_targets(monitor: HealthMonitor, targets: list[ProbeTarget], initial: Mapping[str, HealthState]) -> None:
-    """``HealthMonitor.set_targets``, seeding new targets from their persisted state when the monitor allows it."""
-    if initial:
-        try:
-            monitor.set_targets(targets, initial_states=initial)  # type: ignore[call-arg]
-            return
-        except TypeError:
-            log.debug("HealthMonitor cannot seed states yet; new targets start Pending")
-    monitor.set_targets(targets)

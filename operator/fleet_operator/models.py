@@ -310,7 +310,11 @@ class StallAction(str, enum.Enum):
 
 
 class DispatchPolicySpec(_KubeModel):
-    """The retry and stall policy the trainer-side runtime applies to this fleet (read by KubernetesShardSource)."""
+    """The retry and stall policy the trainer-side runtime applies to this fleet (read by KubernetesShardSource).
+
+    Field names are rollout_runtime.dispatch.DispatchPolicy's, in camelCase; defaults are its defaults, except that
+    attemptTimeoutSeconds is bounded (300 s) here: a fleet in a cluster should never wait forever on an attempt.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -322,14 +326,19 @@ class DispatchPolicySpec(_KubeModel):
                     fieldPath=".stallDeadlineSeconds",
                 ),
                 _cel(
-                    "self.stallCheckIntervalSeconds < self.stallDeadlineSeconds",
-                    "policy.stallCheckIntervalSeconds must be less than policy.stallDeadlineSeconds",
-                    fieldPath=".stallCheckIntervalSeconds",
+                    "self.stallCheckSeconds <= self.stallDeadlineSeconds",
+                    "policy.stallCheckSeconds must not exceed policy.stallDeadlineSeconds, or a stall can go unseen",
+                    fieldPath=".stallCheckSeconds",
                 ),
                 _cel(
                     "self.backoffMaxSeconds >= self.backoffInitialSeconds",
                     "policy.backoffMaxSeconds must be at least policy.backoffInitialSeconds",
                     fieldPath=".backoffMaxSeconds",
+                ),
+                _cel(
+                    "self.ejectionMaxSeconds >= self.ejectionBaseSeconds",
+                    "policy.ejectionMaxSeconds must be at least policy.ejectionBaseSeconds",
+                    fieldPath=".ejectionMaxSeconds",
                 ),
             ]
         }
@@ -340,17 +349,28 @@ class DispatchPolicySpec(_KubeModel):
     max_data_attempts: Annotated[int, Field(ge=1, le=100)] = 2
     """Attempts per prompt that may fail for data reasons before the prompt is reported data-failed."""
     backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600)] = 1.0
-    """First backoff between infra attempts; doubles up to backoffMaxSeconds, with jitter."""
+    """First backoff between infra attempts; multiplied by backoffMultiplier up to backoffMaxSeconds."""
     backoff_max_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    backoff_multiplier: Annotated[float, Field(ge=1, le=100)] = 2.0
+    backoff_jitter: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Fraction of each backoff randomised downwards."""
     attempt_timeout_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
-    """Deadline for one rollout attempt."""
+    """Deadline for one rollout attempt (exceeding it is an infra failure)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    """Attempts in flight at once across the fleet; unset: every prompt of a run at once."""
     max_skipped_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     """Prompts that may exhaust their infra budget and be skipped before the run fails."""
-    no_healthy_shards_timeout_seconds: Annotated[float, Field(ge=0, le=86_400)] = 60.0
-    """How long a prompt waits for the healthy set to recover before failing with NoHealthyShards."""
+    healthy_wait_seconds: Annotated[float, Field(ge=0, le=86_400)] = 30.0
+    """How long an attempt waits for an eligible shard before failing with NoHealthyShards."""
+    ejection_base_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    """Passive ejection after an infra failure lasts this long at first, doubling on repeats."""
+    ejection_max_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    max_ejection_percent: Annotated[float, Field(ge=0, le=100)] = 50.0
+    """Share of the healthy set that may be ejected at once."""
     stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800)] = 600.0
     """Rollouts in flight but none committed for this long is a stall."""
-    stall_check_interval_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    stall_check_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    """How often the stall watchdog looks."""
     stall_action: StallAction = StallAction.WARN
     """warn: log and count; abort: raise RolloutStall in the trainer."""
 
@@ -358,10 +378,12 @@ class DispatchPolicySpec(_KubeModel):
     def _consistent(self) -> DispatchPolicySpec:
         if self.stall_deadline_seconds <= self.attempt_timeout_seconds:
             raise ValueError("policy.stallDeadlineSeconds must be greater than policy.attemptTimeoutSeconds")
-        if self.stall_check_interval_seconds >= self.stall_deadline_seconds:
-            raise ValueError("policy.stallCheckIntervalSeconds must be less than policy.stallDeadlineSeconds")
+        if self.stall_check_seconds > self.stall_deadline_seconds:
+            raise ValueError("policy.stallCheckSeconds must not exceed policy.stallDeadlineSeconds")
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ValueError("policy.backoffMaxSeconds must be at least policy.backoffInitialSeconds")
+        if self.ejection_max_seconds < self.ejection_base_seconds:
+            raise ValueError("policy.ejectionMaxSeconds must be at least policy.ejectionBaseSeconds")
         return self
 
 

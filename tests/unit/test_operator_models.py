@@ -87,7 +87,8 @@ def test_environment_server_shares_the_location_rule() -> None:
     ("policy", "message"),
     [
         ({"stallDeadlineSeconds": 100, "attemptTimeoutSeconds": 100}, "stallDeadlineSeconds must be greater"),
-        ({"stallCheckIntervalSeconds": 700}, "stallCheckIntervalSeconds must be less"),
+        ({"stallCheckSeconds": 700}, "stallCheckSeconds must not exceed"),
+        ({"ejectionBaseSeconds": 10, "ejectionMaxSeconds": 5}, "ejectionMaxSeconds must be at least"),
         ({"backoffInitialSeconds": 10, "backoffMaxSeconds": 5}, "backoffMaxSeconds must be at least"),
         ({"maxInfraAttempts": 0}, "greater than or equal to 1"),
         ({"stallAction": "explode"}, "warn"),
@@ -111,7 +112,7 @@ def test_fleet_defaults_are_the_design_defaults() -> None:
     policy = fleet.policy
     assert (policy.max_infra_attempts, policy.max_data_attempts, policy.max_skipped_prompts) == (5, 2, 0)
     assert (policy.backoff_initial_seconds, policy.backoff_max_seconds) == (1.0, 30.0)
-    assert (policy.stall_deadline_seconds, policy.stall_check_interval_seconds) == (600.0, 30.0)
+    assert (policy.stall_deadline_seconds, policy.stall_check_seconds) == (600.0, 30.0)
     assert fleet.min_ready_shards == 1
     assert fleet.environment_server_selector is None
 

@@ -1,6 +1,28 @@
 """Shard sets and where they come from (static, local probing, Kubernetes)."""
 
+from typing import TYPE_CHECKING, Any
+
 from rollout_runtime.shards.local import LocalShardSource
 from rollout_runtime.shards.model import HealthySet, Shard, ShardSource, StaticShardSource, revision_of
 
-__all__ = ["HealthySet", "LocalShardSource", "Shard", "ShardSource", "StaticShardSource", "revision_of"]
+if TYPE_CHECKING:
+    from rollout_runtime.shards.kubernetes import KubernetesShardSource
+
+__all__ = [
+    "HealthySet",
+    "KubernetesShardSource",
+    "LocalShardSource",
+    "Shard",
+    "ShardSource",
+    "StaticShardSource",
+    "revision_of",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """KubernetesShardSource is imported on first use: importing the runtime never imports kubernetes_asyncio."""
+    if name == "KubernetesShardSource":
+        from rollout_runtime.shards.kubernetes import KubernetesShardSource
+
+        return KubernetesShardSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

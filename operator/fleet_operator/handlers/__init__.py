@@ -1,0 +1,24 @@
+"""kopf handlers, one module per kind, registered on a fresh registry per operator run (see :func:`build_registry`).
+
+Handlers are thin: they hand each watch event to the engine (in ``memo.engine``), which decides. Only
+``@kopf.on.event`` is used: no change-detection handlers, so kopf writes no annotations, no finalizers and no
+``status.kopf`` to our objects; deleting a shard never waits for the operator.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from fleet_operator.handlers import environment_servers, generation_shards, lifecycle, rollout_fleets
+
+__all__ = ["build_registry"]
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    """A registry with every handler of the operator (a fresh one per run, so tests can run it repeatedly)."""
+    registry = kopf.OperatorRegistry()
+    lifecycle.register(registry)
+    generation_shards.register(registry)
+    environment_servers.register(registry)
+    rollout_fleets.register(registry)
+    return registry

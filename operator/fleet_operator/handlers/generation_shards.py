@@ -1,0 +1,19 @@
+"""kopf handlers for GenerationShards: every watch event goes to the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from fleet_operator.decisions import GENERATION_SHARD
+from fleet_operator.handlers.common import apply_event
+from fleet_operator.models import GROUP, VERSION
+
+__all__ = ["register"]
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.event(GROUP, VERSION, "generationshards", registry=registry)
+    async def generation_shard_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        await apply_event(memo.engine, GENERATION_SHARD, event)

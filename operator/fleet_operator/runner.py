@@ -1,0 +1,194 @@
+"""Runs the operator: HTTP endpoints always; when leading, the engine plus kopf's watches; graceful shutdown.
+
+One process, one loop::
+
+    serve /healthz /readyz /metrics
+    loop until stopped:
+        standby: campaign for the Lease (skipped without leader election)
+        leader:  prime the engine (list everything once), then run together
+                   kopf.operator (watches -> handlers -> engine),
+                   engine.run  (probes, coalesced writes),
+                   lease renewal
+                 until stop (SIGTERM/SIGINT or the caller's event) or the Lease is lost
+        on stop: stop kopf, flush pending transitions, release the Lease (a standby takes over at once)
+        on loss: stop at once without flushing (another replica leads now), campaign again
+
+kopf installs its own SIGTERM/SIGINT handlers while it runs; the runner reads kopf ending without an error as
+"a signal arrived" and re-installs its own handlers for the standby phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+
+import kopf
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from fleet_operator.engine import FleetEngine
+from fleet_operator.handlers import build_registry
+from fleet_operator.kube import KubeClient, connection_info, load_client_configuration
+from fleet_operator.leader import LeaderElector
+from fleet_operator.metrics import FleetMetrics
+from fleet_operator.server import RunnerState, serve_http
+from fleet_operator.settings import OperatorSettings
+from rollout_runtime.health import HttpProber, Prober
+
+__all__ = ["OperatorRun", "run_operator"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_SECONDS = 5.0
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+class OperatorRun:
+    """One operator process's lifecycle (see the module docstring). Tests drive it with ``stop`` and ``state``."""
+
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        *,
+        stop: asyncio.Event | None = None,
+        prober: Prober | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stop = stop or asyncio.Event()
+        self.state = RunnerState(identity=settings.identity)
+        self.metrics = FleetMetrics(registry)
+        self.engine: FleetEngine | None = None
+        self.port: int | None = None
+        self.serving = asyncio.Event()
+        """Set once the HTTP endpoints are up (``port`` is known)."""
+        self._prober = prober
+
+    async def run(self) -> int:
+        settings = self.settings
+        _install_signal_handlers(self.stop)
+        configuration = await load_client_configuration(settings.kubeconfig)
+        connection = await connection_info(configuration)
+        async with (
+            serve_http(settings.http_host, settings.http_port, self.metrics.registry, self.state) as port,
+            client.ApiClient(configuration) as api_client,
+        ):
+            self.port = port
+            self.serving.set()
+            elector = (
+                LeaderElector(
+                    api_client,
+                    name=settings.lease_name,
+                    namespace=settings.lease_namespace,
+                    identity=settings.identity,
+                    duration_seconds=settings.lease_duration_seconds,
+                    renew_seconds=settings.lease_renew_seconds,
+                )
+                if settings.leader_election
+                else None
+            )
+            while not self.stop.is_set():
+                if elector is not None:
+                    self.state.role = "standby"
+                    if not await elector.acquire(self.stop):
+                        break
+                self.state.role = "leader"
+                try:
+                    lost = await self._lead(configuration, connection, elector)
+                except Exception as exc:
+                    log.exception("leadership term failed")
+                    self.state.failure = f"{type(exc).__name__}: {exc}"[:500]
+                    if elector is not None:
+                        await elector.release()
+                    return 1
+                finally:
+                    self.state.synced = False
+                    _install_signal_handlers(self.stop)
+                if not lost:
+                    break
+            self.state.role = "stopping"
+            if elector is not None:
+                await elector.release()
+        return 0
+
+    async def _lead(
+        self, configuration: client.Configuration, connection: kopf.ConnectionInfo, elector: LeaderElector | None
+    ) -> bool:
+        """One leadership term; returns True if leadership was lost (rather than the operator stopped)."""
+        settings = self.settings
+        kube = KubeClient(configuration, component=settings.reporting_component, instance=settings.identity)
+        prober = self._prober or HttpProber(settings.probe_policy(), max_body_bytes=settings.probe_max_body_bytes)
+        engine = FleetEngine(settings, kube, prober, metrics=self.metrics)
+        self.engine = engine
+        lost = asyncio.Event()
+        try:
+            await engine.prime()
+            self.state.synced = True
+            kopf_stop = asyncio.Event()
+            kopf_task = asyncio.create_task(
+                kopf.operator(
+                    registry=build_registry(),
+                    memo=kopf.Memo(engine=engine, connection=connection),
+                    standalone=True,
+                    clusterwide=not settings.namespaces,
+                    namespaces=settings.namespaces,
+                    stop_flag=kopf_stop,
+                ),
+                name="kopf",
+            )
+            engine_task = asyncio.create_task(engine.run(), name="fleet-engine")
+            watch = {kopf_task, engine_task, asyncio.create_task(self.stop.wait(), name="stop")}
+            if elector is not None:
+                watch.add(asyncio.create_task(self._hold(elector, lost), name="lease"))
+            done, pending = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if kopf_task in done and kopf_task.exception() is None and not lost.is_set():
+                self.stop.set()  # kopf ended cleanly: it received SIGTERM/SIGINT
+            kopf_stop.set()
+            for task in pending:
+                if task is not kopf_task:
+                    task.cancel()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(kopf_task), timeout=settings.shutdown_timeout_seconds)
+            for task in (kopf_task, engine_task):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"{task.get_name()} failed") from task.exception()
+            if not lost.is_set():
+                await self._flush(engine)
+            return lost.is_set()
+        finally:
+            if self._prober is None and isinstance(prober, HttpProber):
+                await prober.close()
+            await kube.close()
+
+    async def _hold(self, elector: LeaderElector, lost: asyncio.Event) -> None:
+        await elector.hold(self.stop)
+        if not self.stop.is_set():
+            lost.set()
+
+    async def _flush(self, engine: FleetEngine) -> None:
+        """Write what is pending (transitions, dirty fleets) before handing over; bounded by the shutdown timeout."""
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                engine.write_pass(loop.time() + self.settings.fleet_coalesce_seconds),
+                timeout=self.settings.shutdown_timeout_seconds,
+            )
+        except TimeoutError:
+            log.warning("shutdown flush timed out; the next leader re-derives the statuses")
+
+
+async def run_operator(settings: OperatorSettings) -> int:
+    """``rollout-fleet operator``: configure logging and run until SIGTERM/SIGINT; the exit code."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return await OperatorRun(settings).run()

@@ -1,0 +1,271 @@
+"""KubernetesShardSource: follow one RolloutFleet's status (written by the fleet operator) as HealthySet snapshots.
+
+Uses kubernetes_asyncio, not the official synchronous client: the dispatcher's event loop runs every rollout, and
+a blocking watch (or a thread per watch feeding the loop) would either stall it or add a thread hop to every
+update. Here the watch is one more coroutine on that loop.
+
+The protocol is the informer's: LIST the fleet (one object, by field selector) to get a resourceVersion, then
+WATCH from it. A watch that ends (server timeout) resumes from the last seen version; ``410 Gone`` (the version
+fell out of etcd's window) re-lists; a broken connection reconnects with exponential backoff and jitter. While
+disconnected the last snapshot stays in force (the dispatcher's passive ejection still protects it).
+
+This module is imported only when KubernetesShardSource is used (``rollout_runtime.shards`` re-exports it lazily),
+so the runtime does not import kubernetes_asyncio otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+from pydantic.alias_generators import to_snake
+
+from rollout_runtime.shards.model import HealthySet, Shard
+
+if TYPE_CHECKING:
+    from rollout_runtime.dispatch import DispatchPolicy
+
+__all__ = ["FLEET_GROUP", "FLEET_PLURAL", "FLEET_VERSION", "KubernetesShardSource", "healthy_set_from_status"]
+
+log = logging.getLogger(__name__)
+
+FLEET_GROUP: Final[str] = "rolloutfleet.dev"
+FLEET_VERSION: Final[str] = "v1alpha1"
+FLEET_PLURAL: Final[str] = "rolloutfleets"
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410): re-list."""
+
+
+def _unix(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def healthy_set_from_status(status: Mapping[str, Any] | None) -> HealthySet:
+    """A RolloutFleet's ``status`` -> the HealthySet the dispatcher follows (revision taken from the status).
+
+    Entries that do not parse are skipped with a log line rather than failing the whole set.
+    """
+    status = status or {}
+    shards: list[Shard] = []
+    probe_ok_at: dict[str, float] = {}
+    for entry in status.get("shards") or []:
+        try:
+            shard = Shard(
+                name=entry["name"],
+                endpoint=entry["endpoint"],
+                model=entry.get("model") or "",
+                max_model_len=entry.get("maxModelLen"),
+                weight=entry.get("weight", 1.0),
+            )
+        except (KeyError, TypeError, ValidationError) as exc:
+            log.warning("skipping an unparseable healthy-set entry %r: %s", entry, exc)
+            continue
+        shards.append(shard)
+        ok_at = _unix(entry.get("lastSuccessTime"))
+        if ok_at is not None:
+            probe_ok_at[shard.name] = ok_at
+    revision = str(status.get("revision") or "")
+    if not revision:  # an operator that has not written yet: derive one, so equal sets stay equal
+        return HealthySet.of(shards, probe_ok_at)
+    return HealthySet(revision=revision, shards=tuple(sorted(shards, key=lambda s: s.name)), probe_ok_at=probe_ok_at)
+
+
+class KubernetesShardSource:
+    """A ShardSource that watches one RolloutFleet; ``snapshots()`` yields a HealthySet per change.
+
+    ::
+
+        source = KubernetesShardSource("fleet-a", namespace="team-a")
+        policy = await source.dispatch_policy()          # the fleet's spec.policy as a DispatchPolicy
+        async with Dispatcher(source, policy) as dispatcher:
+            async for outcome in dispatcher.run(prompts, rollout): ...
+
+    A snapshot is yielded when the revision changes, or when only the probe times move (heartbeats), so the
+    dispatcher can un-eject a shard a probe vouched for. A deleted fleet yields an empty set.
+    """
+
+    def __init__(
+        self,
+        fleet: str,
+        namespace: str = "default",
+        *,
+        kubeconfig: str | Path | None = None,
+        api_client: client.ApiClient | None = None,
+        watch_timeout_seconds: int = 240,
+        reconnect_initial_seconds: float = 0.5,
+        reconnect_max_seconds: float = 30.0,
+    ) -> None:
+        if (
+            watch_timeout_seconds < 1
+            or reconnect_initial_seconds <= 0
+            or reconnect_max_seconds < reconnect_initial_seconds
+        ):
+            raise ValueError("watch_timeout_seconds >= 1 and 0 < reconnect_initial_seconds <= reconnect_max_seconds")
+        self.fleet = fleet
+        self.namespace = namespace
+        self._kubeconfig = Path(kubeconfig) if kubeconfig is not None else None
+        self._api_client = api_client
+        self._watch_timeout = watch_timeout_seconds
+        self._backoff_initial = reconnect_initial_seconds
+        self._backoff_max = reconnect_max_seconds
+        self.fleet_object: dict[str, Any] | None = None
+        """The latest RolloutFleet seen (None before the first list, or after deletion)."""
+        self.relists = 0
+        """Times the source listed (the first time, after 410 Gone, after reconnects): for tests and logs."""
+
+    async def _client(self) -> tuple[client.ApiClient, bool]:
+        """The ApiClient to use, and whether we own it (and must close it)."""
+        if self._api_client is not None:
+            return self._api_client, False
+        configuration = client.Configuration()
+        if self._kubeconfig is not None:
+            await config.load_kube_config(config_file=str(self._kubeconfig), client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                await config.load_kube_config(client_configuration=configuration)
+        return client.ApiClient(configuration), True
+
+    async def get_fleet(self) -> dict[str, Any] | None:
+        """One GET of the RolloutFleet (None if it does not exist)."""
+        api_client, owned = await self._client()
+        try:
+            api = client.CustomObjectsApi(api_client)
+            try:
+                fleet: dict[str, Any] = await api.get_namespaced_custom_object(
+                    FLEET_GROUP, FLEET_VERSION, self.namespace, FLEET_PLURAL, self.fleet
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return fleet
+        finally:
+            if owned:
+                await api_client.close()
+
+    def policy_fields(self) -> dict[str, Any]:
+        """The fleet's ``spec.policy`` in DispatchPolicy's snake_case names (empty before the fleet is seen)."""
+        policy = ((self.fleet_object or {}).get("spec") or {}).get("policy") or {}
+        return {to_snake(key): value for key, value in policy.items()}
+
+    async def dispatch_policy(self, **overrides: Any) -> DispatchPolicy:
+        """The fleet's policy as a DispatchPolicy (GETs the fleet if not yet seen); ``overrides`` win.
+
+        Fields DispatchPolicy does not know are ignored, so an older runtime works with a newer CRD.
+        """
+        from rollout_runtime.dispatch import DispatchPolicy
+
+        if self.fleet_object is None:
+            self.fleet_object = await self.get_fleet()
+            if self.fleet_object is None:
+                raise LookupError(f"RolloutFleet {self.namespace}/{self.fleet} not found")
+        known = DispatchPolicy.model_fields
+        fields = {k: v for k, v in self.policy_fields().items() if k in known}
+        return DispatchPolicy(**{**fields, **overrides})
+
+    async def snapshots(self) -> AsyncIterator[HealthySet]:
+        api_client, owned = await self._client()
+        api = client.CustomObjectsApi(api_client)
+        last: HealthySet | None = None
+        delay = self._backoff_initial
+        try:
+            while True:
+                try:
+                    resource_version, snapshot = await self._list(api)
+                    if snapshot != last:
+                        last = snapshot
+                        yield snapshot
+                    async for snapshot in self._watch(api, resource_version):
+                        delay = self._backoff_initial  # a working watch resets the backoff
+                        if snapshot != last:
+                            last = snapshot
+                            yield snapshot
+                except _Gone:
+                    log.info("RolloutFleet %s/%s: watch expired (410 Gone); re-listing", self.namespace, self.fleet)
+                    continue
+                except (ApiException, OSError, TimeoutError, ValueError) as exc:
+                    pause = delay * random.uniform(0.5, 1.0)
+                    log.warning(
+                        "RolloutFleet %s/%s: %s; reconnecting in %.1f s",
+                        self.namespace,
+                        self.fleet,
+                        f"{type(exc).__name__}: {exc}"[:300],
+                        pause,
+                    )
+                    await asyncio.sleep(pause)
+                    delay = min(self._backoff_max, delay * 2)
+        finally:
+            if owned:
+                await api_client.close()
+
+    def _snapshot(self, fleet: Mapping[str, Any] | None) -> HealthySet:
+        self.fleet_object = dict(fleet) if fleet is not None else None
+        return healthy_set_from_status((fleet or {}).get("status"))
+
+    async def _list(self, api: client.CustomObjectsApi) -> tuple[str, HealthySet]:
+        self.relists += 1
+        listing = await api.list_namespaced_custom_object(
+            FLEET_GROUP, FLEET_VERSION, self.namespace, FLEET_PLURAL, field_selector=f"metadata.name={self.fleet}"
+        )
+        items = [i for i in listing.get("items") or [] if (i.get("metadata") or {}).get("name") == self.fleet]
+        return str(listing["metadata"]["resourceVersion"]), self._snapshot(items[0] if items else None)
+
+    async def _watch(self, api: client.CustomObjectsApi, resource_version: str) -> AsyncIterator[HealthySet]:
+        """Watch from ``resource_version`` until the server ends the watch; raise _Gone on 410."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started, events = loop.time(), 0
+            try:
+                response = await api.list_namespaced_custom_object(
+                    FLEET_GROUP,
+                    FLEET_VERSION,
+                    self.namespace,
+                    FLEET_PLURAL,
+                    field_selector=f"metadata.name={self.fleet}",
+                    watch=True,
+                    allow_watch_bookmarks=True,
+                    resource_version=resource_version,
+                    timeout_seconds=self._watch_timeout,
+                    _preload_content=False,
+                    _request_timeout=self._watch_timeout + 30,
+                )
+            except ApiException as exc:
+                if exc.status == 410:
+                    raise _Gone from exc
+                raise
+            try:
+                while line := await response.content.readline():
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise _Gone
+                        raise ApiException(status=obj.get("code"), reason=str(obj.get("message"))[:300])
+                    resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+                    if kind == "BOOKMARK" or (obj.get("metadata") or {}).get("name") != self.fleet:
+                        continue
+                    events += 1
+                    yield self._snapshot(None if kind == "DELETED" else obj)
+            finally:
+                response.release()
+            if events == 0 and loop.time() - started < 1.0:
+                # A watch that ends at once, empty, is not a server timeout: back off instead of spinning.
+                raise ValueError("the watch ended immediately without events")
