@@ -164,6 +164,9 @@ def structural(schema: dict[str, Any], *, keep_defaults: bool = True) -> dict[st
                 out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
                 out[key] = True
                 continue
+            if key == "description" and isinstance(value, str):
+                out[key] = " ".join(value.split())  # docstrings wrap; kubectl explain re-wraps
+                continue
             if key == "const":
                 out["enum"] = [value]
                 continue

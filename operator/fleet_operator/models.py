@@ -312,8 +312,7 @@ class StallAction(str, enum.Enum):
 class DispatchPolicySpec(_KubeModel):
     """The retry and stall policy the trainer-side runtime applies to this fleet (read by KubernetesShardSource).
 
-    Field names are rollout_runtime.dispatch.DispatchPolicy's, in camelCase; defaults are its defaults, except that
-    attemptTimeoutSeconds is bounded (300 s) here: a fleet in a cluster should never wait forever on an attempt.
+    Field names and defaults are DispatchPolicy's (camelCase), except that attemptTimeoutSeconds defaults to 300 s.
     """
 
     model_config = ConfigDict(
