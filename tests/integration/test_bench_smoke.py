@@ -11,7 +11,13 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.mark.parametrize(("script", "expected"), [("classification.py", "8-deep chain")])
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("classification.py", "8-deep chain"),
+        ("failover.py", "failover ratios vs rollout-fleet"),
+    ],
+)
 def test_benchmark_smoke_run(script: str, expected: str) -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True, timeout=240, check=False

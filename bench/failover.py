@@ -1,0 +1,541 @@
+"""Benchmark 1: failover goodput against real load balancers, measured side by side in one run.
+
+Every contender gets a fresh fleet of simulated shards (real subprocesses, same seed), the same prompts and the
+same chaos schedule on the wall clock from its first request: one shard SIGKILLed (restarted later), one SIGSTOPped
+(hung: the kernel still accepts connections, nothing answers; resumed later), one flapping (``/health`` and
+generation answer 503 half the time), and seeded bursts of 503s on the others. Contenders:
+
+- rollout-fleet: the Dispatcher with active probes (LocalShardSource) and passive ejection;
+- HAProxy (Debian package): active ``option httpchk``, ``observe layer7`` + ``on-error mark-down``, ``retries`` with
+  ``option redispatch 1`` and L7 ``retry-on`` (bench/_peers.py has the exact config), a naive client in front;
+- nginx (Debian package): ``max_fails``/``fail_timeout``, ``proxy_next_upstream ... non_idempotent`` (nginx never
+  retries a POST without it), a naive client in front;
+- naive: each prompt bound to one shard, retried there with the same budget and backoff as the dispatcher.
+
+Probe period/timeout/thresholds, per-attempt timeout and the attempt budget are the same for every contender that
+has the knob. Reported per contender: prompts completed (correct answer), lost or wrongly failed (no valid prompt
+should fail), generation requests that reached a shard and how many were wasted (did not produce the answer),
+p50/p99 prompt latency (first send to final outcome, over all prompts), seconds from the kill (and from the hang) to
+the last request sent to that shard while it was down, and wall time; then each peer's ratios to rollout-fleet.
+
+    python bench/failover.py                    # full run: 6 shards, 32 concurrent, 4800 prompts (~4 minutes)
+    python bench/failover.py --smoke            # tiny sizes (CI; no numbers asserted)
+    python bench/failover.py --contenders rollout-fleet,haproxy --seed 7
+
+Needs the peers: ``bash scripts/install-tools.sh haproxy nginx``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _peers import HAProxy, Nginx, ProxySettings, SendLog
+
+from rollout_runtime.dispatch import (
+    Completed,
+    Dispatcher,
+    DispatchEvent,
+    DispatchPolicy,
+    HealthyShardsChanged,
+    ShardEjected,
+    ShardRestored,
+    backoff_seconds,
+)
+from rollout_runtime.failures import FailureClass, RolloutFailure, classify_rollout_failure
+from rollout_runtime.generation import GenerationClient
+from rollout_runtime.health import ProbeSettings
+from rollout_runtime.shards import LocalShardSource, Shard
+from rollout_runtime.sim import SimFleet, expected_answer
+
+MARKER = "failover ratios vs rollout-fleet"
+CONTENDERS = ("rollout-fleet", "haproxy", "nginx", "naive")
+KILLED, HUNG, FLAPPING = "shard-1", "shard-2", "shard-3"
+
+
+@dataclass(frozen=True)
+class Scale:
+    shards: int
+    concurrency: int
+    duration: float
+    """Length of the chaos timeline; the prompt count makes an undisturbed run last about this long."""
+    latency: float
+    """Simulated generation time per request (the sims' ``slow_seconds``)."""
+    attempt_timeout: float
+    probe_period: float
+    probe_timeout: float
+    backoff_initial: float
+    backoff_max: float
+    tries: int = 5
+    fall: int = 2
+    rise: int = 2
+
+    @property
+    def prompts(self) -> int:
+        return int(self.duration * self.concurrency / self.latency)
+
+    def probe(self) -> ProbeSettings:
+        return ProbeSettings(
+            period_seconds=self.probe_period,
+            timeout_seconds=self.probe_timeout,
+            failure_threshold=self.fall,
+            success_threshold=self.rise,
+        )
+
+    def policy(self) -> DispatchPolicy:
+        return DispatchPolicy(
+            max_infra_attempts=self.tries,
+            backoff_initial_seconds=self.backoff_initial,
+            backoff_max_seconds=self.backoff_max,
+            max_concurrency=self.concurrency,
+            attempt_timeout_seconds=self.attempt_timeout,
+            healthy_wait_seconds=self.duration,
+            max_skipped_prompts=self.prompts,  # count a prompt that runs out of budget as lost; never end the run
+        )
+
+    def proxy(self) -> ProxySettings:
+        return ProxySettings(
+            attempt_timeout=self.attempt_timeout,
+            probe_period=self.probe_period,
+            probe_timeout=self.probe_timeout,
+            fall=self.fall,
+            rise=self.rise,
+            tries=self.tries,
+            fail_timeout=max(1.0, 10 * self.probe_period),
+        )
+
+
+FULL = Scale(6, 32, 30.0, 0.2, 10.0, 0.5, 0.25, 0.1, 2.0)
+SMOKE = Scale(5, 8, 3.0, 0.05, 1.5, 0.25, 0.15, 0.05, 0.5)
+
+
+# -- the chaos schedule ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chaos:
+    at: float
+    action: str
+    shard: str
+
+
+def chaos_schedule(scale: Scale, seed: int) -> list[Chaos]:
+    """The seeded timeline every contender faces: kill/restart, hang/resume, flapping, and 503 bursts.
+
+    A burst is a span of time in which a shard answers every generation request with 503 while its ``/health``
+    stays 200 (an overloaded or wedged engine), not a count of failures: a count would reward whoever sends the
+    sick shard the fewest requests while the count lasts, and a real sick spell does not end by being hit.
+    """
+    d = scale.duration
+    events = [
+        Chaos(0.10 * d, "flap", FLAPPING),
+        Chaos(0.15 * d, "kill", KILLED),
+        Chaos(0.30 * d, "hang", HUNG),
+        Chaos(0.55 * d, "restart", KILLED),
+        Chaos(0.70 * d, "resume", HUNG),
+        Chaos(0.80 * d, "unflap", FLAPPING),
+    ]
+    rng = random.Random(seed)
+    burstable = [f"shard-{i}" for i in range(scale.shards) if f"shard-{i}" not in (KILLED, HUNG)]
+    for _ in range(max(3, int(d / 2))):
+        at, shard = round(rng.uniform(0.05 * d, 0.85 * d), 3), rng.choice(burstable)
+        events += [Chaos(at, "burst", shard), Chaos(round(at + rng.uniform(0.02 * d, 0.06 * d), 3), "unburst", shard)]
+    return sorted(events, key=lambda e: e.at)
+
+
+@dataclass
+class ChaosRecord:
+    killed_at: float | None = None
+    restarted_at: float | None = None
+    hung_at: float | None = None
+    resumed_at: float | None = None
+    requests_before_kill: int = 0
+
+
+async def run_chaos(fleet: SimFleet, events: Sequence[Chaos], t0: float, scale: Scale, record: ChaosRecord) -> None:
+    """Play the timeline: each event at its own time (a slow restart never delays the events after it)."""
+
+    async def play(event: Chaos) -> None:
+        delay = t0 + event.at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)  # the schedule is on the wall clock by design
+        name = event.shard
+        if event.action == "kill":
+            record.requests_before_kill = (await fleet.stats(name)).get("generation_requests", 0)
+            record.killed_at = time.monotonic()  # kill() sends SIGKILL before its first await
+            await fleet.kill(name)
+        elif event.action == "restart":
+            record.restarted_at = time.monotonic()
+            await fleet.restart(name)
+        elif event.action == "hang":
+            fleet.hang(name)
+            record.hung_at = time.monotonic()
+        elif event.action == "resume":
+            record.resumed_at = time.monotonic()
+            fleet.resume(name)
+        elif event.action == "flap":
+            await fleet.set_faults(name, flap_seconds=max(0.05 * scale.duration, 3 * scale.probe_period))
+        elif event.action == "unflap":
+            await fleet.set_faults(name, flap_seconds=None)
+        elif event.action == "burst":
+            await fleet.set_faults(name, error_rate=1.0, error_status=503)
+        elif event.action == "unburst":
+            await fleet.set_faults(name, error_rate=0.0)
+
+    await asyncio.gather(*(play(event) for event in events))
+
+
+# -- what every contender records -----------------------------------------------------------------------------
+
+Prompt = tuple[int, str]
+
+
+def make_prompts(count: int, seed: int) -> list[Prompt]:
+    rng = random.Random(seed)
+    ops = "+-*"
+    return [(i, f"What is {rng.randint(2, 999)} {rng.choice(ops)} {rng.randint(2, 999)}?") for i in range(count)]
+
+
+@dataclass
+class Tally:
+    started: dict[int, float] = field(default_factory=dict)
+    ended: dict[int, float] = field(default_factory=dict)
+    completed: int = 0
+    failed: dict[int, str] = field(default_factory=dict)
+    wrong: int = 0
+    sends: SendLog = field(default_factory=SendLog)
+    detail: str = ""
+    trace: dict[int, list[tuple[float, str]]] = field(default_factory=dict)
+    """Prompt -> (send time, shard) of each attempt, where the contender itself picks the shard."""
+    events: list[tuple[float, str]] = field(default_factory=list)
+    """What the contender's health view did and when (the dispatcher's healthy-set changes and ejections)."""
+
+    def send(self, prompt_id: int, shard: str) -> None:
+        now = self.start(prompt_id)
+        self.sends.add(shard, now)
+        self.trace.setdefault(prompt_id, []).append((now, shard))
+
+    def start(self, prompt_id: int) -> float:
+        now = time.monotonic()
+        self.started.setdefault(prompt_id, now)
+        return now
+
+    def finish(self, prompt_id: int, text: str | None, prompt: str, error: str | None = None) -> None:
+        self.ended[prompt_id] = time.monotonic()
+        self.started.setdefault(prompt_id, self.ended[prompt_id])
+        if error is not None:
+            self.failed[prompt_id] = error
+        elif text is not None and text.strip() == expected_answer(prompt):
+            self.completed += 1
+        else:
+            self.wrong += 1
+
+
+Begin = Callable[[], float]
+"""Called by a contender right before its first request: starts the chaos clock, returns t0."""
+
+
+async def drive_rollout_fleet(
+    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+) -> None:
+    all_up = asyncio.Event()
+
+    def observe(event: DispatchEvent) -> None:
+        if isinstance(event, HealthyShardsChanged):
+            if len(event.routable) == scale.shards:
+                all_up.set()
+            tally.events.append((time.monotonic(), f"routable {','.join(n[-1] for n in event.routable)}"))
+        elif isinstance(event, ShardEjected | ShardRestored):
+            tally.events.append((time.monotonic(), f"{type(event).__name__} {event.shard}"))
+
+    source = LocalShardSource(fleet.shards, scale.probe())
+    client = GenerationClient(timeout_seconds=scale.attempt_timeout + 1.0, connect_timeout_seconds=1.0)
+    dispatcher = Dispatcher(source, scale.policy(), observer=observe, seed=seed, registry=CollectorRegistry())
+    async with client, dispatcher:
+        await asyncio.wait_for(all_up.wait(), 30.0)
+
+        async def rollout(shard: Shard, prompt: Prompt) -> str:
+            tally.send(prompt[0], shard.name)
+            return (await client.complete(shard, prompt[1], max_tokens=16)).text
+
+        texts = {pid: text for pid, text in prompts}
+        run = dispatcher.run(prompts, rollout, prompt_ids=[pid for pid, _ in prompts])
+        begin()
+        async for outcome in run:
+            pid = int(outcome.prompt_id)
+            if isinstance(outcome, Completed):
+                tally.finish(pid, outcome.result, texts[pid])
+            else:
+                tally.finish(pid, None, texts[pid], error=f"{type(outcome).__name__}: {outcome.reason}")
+        st = run.stats
+        tally.detail = (
+            f"dispatcher attempts: {st.successes} ok, {st.infra_failures} infra-failed, {st.data_failures} "
+            f"data-failed, {st.cancelled} evicted; {st.ejections} ejections, {st.skipped} skipped"
+        )
+
+
+async def _workers(prompts: list[Prompt], concurrency: int, one: Callable[[Prompt], Awaitable[None]]) -> None:
+    queue: asyncio.Queue[Prompt] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+
+    async def work() -> None:
+        while not queue.empty():
+            await one(queue.get_nowait())
+
+    await asyncio.gather(*(work() for _ in range(concurrency)))
+
+
+async def drive_through_proxy(url: str, prompts: list[Prompt], scale: Scale, tally: Tally, begin: Begin) -> None:
+    """The naive client: one request per prompt to the proxy, whose own retries are all the failover there is."""
+    proxy = Shard(name="proxy", endpoint=url, model="sim-model")
+    # Long enough that the proxy's own retries (tries x attempt timeout) finish before the client gives up.
+    timeout = scale.tries * scale.attempt_timeout + 5.0
+    async with GenerationClient(timeout_seconds=timeout, connect_timeout_seconds=1.0) as client:
+
+        async def one(prompt: Prompt) -> None:
+            pid, text = prompt
+            tally.start(pid)
+            try:
+                answer = await client.complete(proxy, text, max_tokens=16)
+            except RolloutFailure as exc:
+                tally.finish(pid, None, text, error=f"{type(exc).__name__}: {exc}")
+            else:
+                tally.finish(pid, answer.text, text)
+
+        begin()
+        await _workers(prompts, scale.concurrency, one)
+
+
+async def drive_naive(
+    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+) -> None:
+    """Each prompt bound to shard ``id % N``; infra failures retried there with the dispatcher's budget and backoff."""
+    shards = fleet.shards
+    policy = scale.policy()
+    rng = random.Random(seed)
+    async with GenerationClient(timeout_seconds=scale.attempt_timeout, connect_timeout_seconds=1.0) as client:
+
+        async def one(prompt: Prompt) -> None:
+            pid, text = prompt
+            shard = shards[pid % len(shards)]
+            error = "never tried"
+            for attempt in range(1, scale.tries + 1):
+                tally.send(pid, shard.name)
+                try:
+                    answer = await client.complete(shard, text, max_tokens=16)
+                except RolloutFailure as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    if classify_rollout_failure(exc) is FailureClass.DATA:
+                        break
+                    if attempt < scale.tries:
+                        await asyncio.sleep(backoff_seconds(policy, attempt, rng.random()))
+                else:
+                    tally.finish(pid, answer.text, text)
+                    return
+            tally.finish(pid, None, text, error=error)
+
+        begin()
+        await _workers(prompts, scale.concurrency, one)
+
+
+# -- one contender end to end ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    name: str
+    completed: int
+    lost: int
+    wrong: int
+    shard_requests: int
+    wasted: int
+    p50: float
+    p99: float
+    kill_to_last: float | None
+    hang_to_last: float | None
+    wall: float
+    detail: str = ""
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def print_trace(name: str, tally: Tally, t0: float, record: ChaosRecord, count: int) -> None:
+    """The slowest prompts with each attempt's send time and shard (where the contender picks shards)."""
+    marks = {k: round(v - t0, 2) for k, v in vars(record).items() if isinstance(v, float)}
+    print(f"  trace {name}: chaos at {marks}")
+    changes = [f"{at - t0:.2f}s {what}" for at, what in tally.events if at >= t0]
+    if changes:
+        print(f"    health view: {'; '.join(changes)}")
+    slowest = sorted(tally.ended, key=lambda pid: tally.ended[pid] - tally.started[pid], reverse=True)[:count]
+    for pid in slowest:
+        tries = ", ".join(f"{at - t0:.2f}s {shard}" for at, shard in tally.trace.get(pid, []))
+        took = tally.ended[pid] - tally.started[pid]
+        print(
+            f"    prompt {pid}: {took:.2f}s, ended {tally.ended[pid] - t0:.2f}s [{tries}] {tally.failed.get(pid, '')}"
+        )
+
+
+async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> Row:
+    prompts = make_prompts(scale.prompts, seed)
+    events = chaos_schedule(scale, seed)
+    record = ChaosRecord()
+    tally = Tally()
+    chaos: asyncio.Task[None] | None = None
+    t0 = 0.0
+    async with SimFleet(scale.shards, seed=seed, extra_args=("--slow", str(scale.latency))) as fleet:
+
+        def begin() -> float:
+            nonlocal chaos, t0
+            t0 = time.monotonic()
+            chaos = asyncio.create_task(run_chaos(fleet, events, t0, scale, record), name="chaos")
+            return t0
+
+        ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
+        try:
+            if name == "rollout-fleet":
+                await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin)
+            elif name == "naive":
+                await drive_naive(fleet, prompts, scale, seed, tally, begin)
+            elif name == "haproxy":
+                async with HAProxy(ports, scale.proxy()) as haproxy:
+                    await haproxy.wait_all_up()
+                    haproxy.start_polling()
+                    await drive_through_proxy(haproxy.url, prompts, scale, tally, begin)
+                    await haproxy.stop_polling()
+                    tally.sends = haproxy.sends
+                    retries = sum(c["wretr"] for c in haproxy.counters.values())
+                    redispatches = sum(c["wredis"] for c in haproxy.counters.values())
+                    tally.detail = f"haproxy retries {retries}, redispatches {redispatches}"
+            elif name == "nginx":
+                offset = time.time() - time.monotonic()
+                async with Nginx(ports, scale.proxy()) as nginx:
+                    await drive_through_proxy(nginx.url, prompts, scale, tally, begin)
+                    tally.sends, tries = nginx.sends(offset)
+                    tally.detail = f"nginx upstream tries {tries}"
+            else:
+                raise ValueError(f"unknown contender {name!r}; known: {', '.join(CONTENDERS)}")
+            wall = max(tally.ended.values(), default=t0) - t0
+        finally:
+            if chaos is not None:
+                with contextlib.suppress(Exception):
+                    await chaos  # finish the timeline (resume the hung shard) before reading counters
+        counts = await asyncio.gather(*(fleet.stats(n) for n in fleet.names))
+    if trace:
+        print_trace(name, tally, t0, record, trace)
+    shard_requests = record.requests_before_kill + sum(c.get("generation_requests", 0) for c in counts)
+    latencies = [tally.ended[pid] - tally.started[pid] for pid in tally.ended]
+    end = t0 + 10 * scale.duration
+    kill_last = tally.sends.last_in(KILLED, record.killed_at, record.restarted_at or end) if record.killed_at else None
+    hang_last = tally.sends.last_in(HUNG, record.hung_at, record.resumed_at or end) if record.hung_at else None
+    return Row(
+        name=name,
+        completed=tally.completed,
+        lost=len(prompts) - tally.completed - tally.wrong,
+        wrong=tally.wrong,
+        shard_requests=shard_requests,
+        wasted=shard_requests - tally.completed,
+        p50=_percentile(latencies, 0.50),
+        p99=_percentile(latencies, 0.99),
+        kill_to_last=kill_last,
+        hang_to_last=hang_last,
+        wall=wall,
+        detail=tally.detail + (f"; first failure: {next(iter(tally.failed.values()))[:160]}" if tally.failed else ""),
+    )
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def _s(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}"
+
+
+def _ratio(peer: float | None, ours: float | None) -> str:
+    if peer is None or ours is None:
+        return "-"
+    if ours <= 0:
+        return "inf" if peer > 0 else "1.0x"
+    return f"{peer / ours:.1f}x"
+
+
+def report(rows: Sequence[Row], scale: Scale) -> None:
+    print(
+        f"\n{'contender':14} {'completed':>9} {'lost':>5} {'wrong':>5} {'shard reqs':>10} {'wasted':>7} "
+        f"{'p50 s':>7} {'p99 s':>7} {'kill->last s':>12} {'hang->last s':>12} {'wall s':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r.name:14} {r.completed:9d} {r.lost:5d} {r.wrong:5d} {r.shard_requests:10d} {r.wasted:7d} "
+            f"{r.p50:7.2f} {r.p99:7.2f} {_s(r.kill_to_last):>12} {_s(r.hang_to_last):>12} {r.wall:7.1f}"
+        )
+    for r in rows:
+        if r.detail:
+            print(f"  {r.name}: {r.detail}")
+    ours = next((r for r in rows if r.name == "rollout-fleet"), None)
+    if ours is None:
+        return
+    print(f"\n{MARKER} (peer / rollout-fleet; >1 means rollout-fleet is better):")
+    print(
+        f"{'contender':14} {'lost':>6} {'wasted':>8} {'p50':>7} {'p99':>7} {'kill->last':>10} {'hang->last':>10} "
+        f"{'wall':>6}"
+    )
+    for r in rows:
+        if r is ours:
+            continue
+        print(
+            f"{r.name:14} {r.lost - ours.lost:+6d} {_ratio(r.wasted, ours.wasted):>8} {_ratio(r.p50, ours.p50):>7} "
+            f"{_ratio(r.p99, ours.p99):>7} {_ratio(r.kill_to_last, ours.kill_to_last):>10} "
+            f"{_ratio(r.hang_to_last, ours.hang_to_last):>10} {_ratio(r.wall, ours.wall):>6}"
+        )
+
+
+async def main_async(scale: Scale, seed: int, contenders: Sequence[str], trace: int = 0) -> None:
+    print(
+        f"failover benchmark: {scale.shards} sim shards, {scale.prompts} prompts, {scale.concurrency} concurrent, "
+        f"{scale.latency:g}s generation, attempt timeout {scale.attempt_timeout:g}s, {scale.tries} tries, probes "
+        f"every {scale.probe_period:g}s (timeout {scale.probe_timeout:g}s, fall {scale.fall}, rise {scale.rise}), "
+        f"backoff {scale.backoff_initial:g}s..{scale.backoff_max:g}s, seed {seed}"
+    )
+    print("chaos: " + ", ".join(f"{e.at:.2f}s {e.action} {e.shard}" for e in chaos_schedule(scale, seed)))
+    rows = []
+    for name in contenders:
+        started = time.monotonic()
+        row = await run_contender(name, scale, seed, trace)
+        print(f"  {name}: done in {time.monotonic() - started:.1f}s")
+        rows.append(row)
+    report(rows, scale)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {CONTENDERS}")
+    parser.add_argument("--trace", type=int, default=0, help="print the N slowest prompts of each contender")
+    args = parser.parse_args()
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = set(contenders) - set(CONTENDERS)
+    if unknown:
+        parser.error(f"unknown contenders {sorted(unknown)}; known: {', '.join(CONTENDERS)}")
+    asyncio.run(main_async(SMOKE if args.smoke else FULL, args.seed, contenders, args.trace))
+
+
+if __name__ == "__main__":
+    main()
