@@ -12,11 +12,10 @@ import signal
 import socket
 import subprocess
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+_LIVE: set[ManagedProcess] = set()  # started and not yet reaped: stopped at exit if a teardown never ran
 
 
 def free_port() -> int:
@@ -90,6 +89,7 @@ class ManagedProcess:
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the pid and wait; SIGKILL it if it does not exit in time. Idempotent."""
         if self.popen is None or self.popen.poll() is not None:
+            _LIVE.discard(self)
             return
         self.popen.send_signal(signal.SIGTERM)
         try:
@@ -97,12 +97,14 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait(timeout)
+        _LIVE.discard(self)
 
     def kill(self) -> None:
         """SIGKILL the pid at once (a crash, for failure-injection tests) and reap it."""
         if self.popen is not None and self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+        _LIVE.discard(self)
 
     def tail(self, lines: int = 40) -> str:
         """The last lines of this process's log."""
