@@ -43,6 +43,8 @@ from typing import Any, Final, TypeVar, cast
 
 import aiohttp
 
+from rollout_runtime.redaction import redact_secrets
+
 __all__ = [
     "FailureClass",
     "GenerationUnavailable",
@@ -341,6 +343,7 @@ def failure_type(exc: BaseException) -> str:
 
 
 def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    text = redact_secrets(text)  # a converted message travels (ledgers, logs, other processes): no credentials
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

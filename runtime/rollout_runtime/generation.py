@@ -33,6 +33,7 @@ from rollout_runtime.failures import (
     RolloutTimeout,
     http_status_is_infra,
 )
+from rollout_runtime.redaction import redact_secrets, redact_url
 from rollout_runtime.shards.model import Shard
 
 __all__ = ["Completion", "GenerationClient"]
@@ -55,6 +56,8 @@ class Completion:
 
 
 def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """A message fit to travel: credentials redacted (error bodies echo keys and headers), length bounded."""
+    text = redact_secrets(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -157,7 +160,7 @@ class GenerationClient:
 
     async def _post(self, shard: Shard, path: str, payload: Mapping[str, Any]) -> bytes:
         url = shard.endpoint + path
-        where = f"shard {shard.name} ({shard.endpoint})"
+        where = f"shard {shard.name} ({redact_url(shard.endpoint)})"
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 async with self._get_session().post(url, json=payload, timeout=self._timeout) as response:
@@ -166,9 +169,10 @@ class GenerationClient:
         except TimeoutError as exc:
             raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
-            raise GenerationUnavailable(f"{where}: {type(exc).__name__}: {exc}") from exc
+            raise GenerationUnavailable(_bounded(f"{where}: {type(exc).__name__}: {exc}")) from exc
         except aiohttp.ClientResponseError as exc:  # an unparseable HTTP response: the shard is broken
-            raise GenerationUnavailable(f"{where}: invalid HTTP response: {exc.message}", status=exc.status) from exc
+            message = _bounded(f"{where}: invalid HTTP response: {exc.message}")
+            raise GenerationUnavailable(message, status=exc.status) from exc
         if status >= 400 or status < 200:
             self._raise_for_status(status, body, where)
         return body

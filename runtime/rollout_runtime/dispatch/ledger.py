@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from rollout_runtime.failures import MAX_MESSAGE_CHARS
+from rollout_runtime.redaction import redact_secrets
 
 __all__ = ["FailureLedger", "LedgerEntry"]
 
@@ -51,6 +52,8 @@ def preview(prompt: object) -> str:
 
 
 def bounded_reason(text: str) -> str:
+    """A reason for outcomes, the ledger and logs: credentials redacted, then bounded."""
+    text = redact_secrets(text)
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 

@@ -20,6 +20,7 @@ from rollout_runtime.failures import (
     classify_rollout_failure,
     http_status_is_infra,
 )
+from rollout_runtime.redaction import redact_secrets
 
 __all__ = [
     "MAX_FAILURE_REASON_CHARS",
@@ -97,7 +98,8 @@ def format_exception_with_response_body(error: BaseException, body: str | None =
 
 
 def bound_reason(text: str, limit: int = MAX_FAILURE_REASON_CHARS) -> str:
-    """Bound a failure reason to ``limit`` characters, marking the cut."""
+    """Bound a failure reason to ``limit`` characters, marking the cut; credentials are redacted first."""
+    text = redact_secrets(text)  # a dependency's error body may echo an API key or an Authorization header
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

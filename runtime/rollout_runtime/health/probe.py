@@ -28,6 +28,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from rollout_runtime.health.hysteresis import ProbeReason, ProbeResult, ProbeSettings
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy
+from rollout_runtime.redaction import redact_secrets
 
 if TYPE_CHECKING:  # at run time health must not import shards: shards.local imports health
     from rollout_runtime.shards.model import Shard
@@ -220,6 +221,7 @@ class HttpProber:
 
     @staticmethod
     def _failure(reason: ProbeReason, message: str, start: float, status: int | None) -> ProbeResult:
+        # Messages land in statuses, Events and logs; URLs, reason phrases and Locations come from the target.
         return ProbeResult.failure(
-            reason, message, latency_seconds=time.monotonic() - start, status=status, at=time.time()
+            reason, redact_secrets(message), latency_seconds=time.monotonic() - start, status=status, at=time.time()
         )

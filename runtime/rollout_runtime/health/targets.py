@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollout_runtime.redaction import redact_url
+
 __all__ = ["ForbiddenProbeTarget", "ProbeTargetPolicy", "TargetVerdict"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -202,4 +204,4 @@ class ProbeTargetPolicy(BaseModel):
         """Raise :class:`ForbiddenProbeTarget` unless the URL is allowed."""
         verdict = self.check(url)
         if not verdict.allowed:
-            raise ForbiddenProbeTarget(f"refusing to probe {url[:200]!r}: {verdict.reason}")
+            raise ForbiddenProbeTarget(f"refusing to probe {redact_url(url[:200])!r}: {verdict.reason}")
