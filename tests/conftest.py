@@ -7,4 +7,5 @@ pytest_plugins = [
     "support.chart",
     "support.chart_cluster",
     "support.kmockfix",
+    "support.operator",
 ]

@@ -161,7 +161,8 @@ class _TargetSpec(_KubeModel):
     """Relative share of traffic."""
     drain: bool = False
     """Take no new traffic (the target leaves the healthy set at once); probes keep running."""
-    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": {}})
+    # The full default (not {}): the API server checks a default against the CEL rules without nested defaulting.
+    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": ProbeSpec().to_kube()})
     """Active health probe settings."""
 
     @field_validator("endpoint")
@@ -395,7 +396,9 @@ class RolloutFleetSpec(_KubeModel):
     """Selects EnvironmentServers in the fleet's namespace; unset: the fleet has none."""
     min_ready_shards: Annotated[int, Field(ge=0, le=100_000)] = 1
     """The fleet is Ready while at least this many shards are in the healthy set."""
-    policy: DispatchPolicySpec = Field(default_factory=DispatchPolicySpec, json_schema_extra={"default": {}})
+    policy: DispatchPolicySpec = Field(
+        default_factory=DispatchPolicySpec, json_schema_extra={"default": DispatchPolicySpec().to_kube()}
+    )
 
 
 class HealthySetEntry(_KubeModel):

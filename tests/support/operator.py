@@ -1,0 +1,182 @@
+"""Fixtures for the fleet operator's end-to-end tests on the real control plane.
+
+- ``fleet_crds``: the generated CRDs applied once per session (and Established).
+- ``fleet_namespace``: a fresh namespace per test (there is no namespace controller: names are never reused).
+- :class:`OperatorProcess`: ``rollout-fleet operator`` as a real subprocess (SIGTERM for graceful shutdown).
+- :func:`wait_for_object`: list, then watch, until a predicate holds on one object: tests await state changes
+  instead of sleeping or polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+
+from fleet_operator.crds import KINDS, generate_crds
+from support.controlplane import ControlPlane
+from support.processes import ManagedProcess, free_port
+
+GROUP, VERSION = "rolloutfleet.dev", "v1alpha1"
+ROLLOUT_FLEET_CLI = Path(sys.executable).parent / "rollout-fleet"
+
+
+@pytest.fixture(scope="session")
+def fleet_crds(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with the generated CRDs installed and Established."""
+    control_plane.apply(*(yaml.safe_load(text) for text in generate_crds().values()))
+    for info in KINDS:
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{info.crd_name}", "--timeout=60s")
+    return control_plane
+
+
+@pytest.fixture
+def fleet_namespace(fleet_crds: ControlPlane) -> str:
+    return fleet_crds.create_namespace(f"fleet-{uuid.uuid4().hex[:8]}")
+
+
+@asynccontextmanager
+async def api_client(kubeconfig: Path) -> AsyncIterator[client.ApiClient]:
+    async with await config.new_client_from_config(config_file=str(kubeconfig)) as api:
+        yield api
+
+
+async def wait_for_object(
+    api: client.ApiClient,
+    plural: str,
+    namespace: str,
+    name: str,
+    predicate: Callable[[Mapping[str, Any]], bool],
+    *,
+    guard_seconds: float = 60.0,
+) -> dict[str, Any]:
+    """The first version of the object (current, or arriving by watch) for which ``predicate`` holds.
+
+    ``guard_seconds`` only guards against a hung test; nothing is asserted about how long it took.
+    """
+    custom = client.CustomObjectsApi(api)
+    selector = f"metadata.name={name}"
+    async with asyncio.timeout(guard_seconds):
+        while True:
+            listing = await custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, field_selector=selector
+            )
+            for item in listing["items"]:
+                if predicate(item):
+                    return dict(item)
+            response = await custom.list_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                field_selector=selector,
+                watch=True,
+                resource_version=listing["metadata"]["resourceVersion"],
+                timeout_seconds=max(1, int(guard_seconds)),
+                _preload_content=False,
+            )
+            try:
+                while line := await response.content.readline():
+                    event = json.loads(line)
+                    if event["type"] in ("ADDED", "MODIFIED") and predicate(event["object"]):
+                        return dict(event["object"])
+            finally:
+                response.release()
+
+
+def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(obj.get("status") or {})
+
+
+class OperatorProcess:
+    """``rollout-fleet operator`` in a subprocess, configured through FLEET_OPERATOR_* like in a pod."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, log_dir: Path, *, identity: str, **settings: Any) -> None:
+        self.port = free_port()
+        self.identity = identity
+        env = {
+            **plane.env(),
+            "FLEET_OPERATOR_KUBECONFIG": str(plane.kubeconfig),
+            "FLEET_OPERATOR_NAMESPACES": namespace,
+            "FLEET_OPERATOR_LEASE_NAMESPACE": namespace,
+            "FLEET_OPERATOR_IDENTITY": identity,
+            "FLEET_OPERATOR_HTTP_HOST": "127.0.0.1",
+            "FLEET_OPERATOR_HTTP_PORT": str(self.port),
+            "FLEET_OPERATOR_PROBE_ALLOW_LOOPBACK": "true",
+            "FLEET_OPERATOR_STATUS_HEARTBEAT_SECONDS": "5",
+            "FLEET_OPERATOR_FLEET_COALESCE_SECONDS": "0.2",
+            "FLEET_OPERATOR_LEASE_DURATION_SECONDS": "6",
+            "FLEET_OPERATOR_LEASE_RENEW_SECONDS": "1",
+            "FLEET_OPERATOR_LOG_LEVEL": "DEBUG",
+        }
+        env.update({f"FLEET_OPERATOR_{key.upper()}": str(value) for key, value in settings.items()})
+        self.process = ManagedProcess(
+            f"operator-{identity}", [ROLLOUT_FLEET_CLI, "operator"], log_dir / f"operator-{identity}.log", env=env
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process.start()
+
+    async def stop(self) -> int | None:
+        """SIGTERM and wait (off the event loop); the exit code."""
+        await asyncio.to_thread(self.process.stop, 30.0)
+        return self.process.popen.returncode if self.process.popen is not None else None
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as response:
+            return response.status, await response.text()
+
+    async def wait_role(self, role: str, guard_seconds: float = 60.0) -> None:
+        """Wait until /readyz reports ``role`` (the process is external: its endpoint is the only signal)."""
+        async with asyncio.timeout(guard_seconds):
+            while True:
+                if not self.process.running:
+                    raise RuntimeError(f"operator {self.identity} exited:\n{self.log_tail()}")
+                try:
+                    _, body = await self.get("/readyz")
+                    state = json.loads(body)
+                    if state.get("role") == role and (role != "leader" or state.get("ready")):
+                        return
+                except (aiohttp.ClientError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+
+    async def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
+        """The value of one sample on /metrics (0 when absent)."""
+        _, text = await self.get("/metrics")
+        rendered = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
+        wanted = f"{name}{{{rendered}}}" if labels else name
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            if key == wanted or (labels is None and key.split("{", 1)[0] == name):
+                total += float(value)
+        return total
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.process.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def operator_processes(tmp_path: Path) -> Iterator[list[OperatorProcess]]:
+    """Operators started by the test are appended here and stopped (by pid) after it."""
+    started: list[OperatorProcess] = []
+    yield started
+    for operator in started:
+        operator.process.stop()
