@@ -78,6 +78,8 @@ async def read_json_body(request: web.Request, limit: int) -> Any:
         raise RequestRejected(400, "malformed_json", "the request body is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise RequestRejected(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # json's C scanner recurses per nesting level: a small body can be deep enough
+        raise RequestRejected(400, "malformed_json", "the request body is nested too deeply") from None
 
 
 def validation_rejection(exc: ValidationError, *, max_details: int = 20) -> RequestRejected:
