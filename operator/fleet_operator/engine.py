@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from fleet_operator.decisions import (
@@ -175,10 +176,24 @@ class FleetEngine:
         namespaces: list[str | None] = list(self._settings.namespaces) or [None]
         for kind in (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET):
             for namespace in namespaces:
-                for body in await self._api.list_objects(PLURALS[kind], namespace):
+                for body in await self._list_with_retry(PLURALS[kind], namespace):
                     await self.upsert(kind, body)
         self._synced.set()
         self._wake.set()
+
+    async def _list_with_retry(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+        """List, retrying transient failures (429 while a new CRD's storage initialises, 5xx, lost connections)."""
+        delay = self._settings.write_retry_seconds
+        while True:
+            try:
+                return await self._api.list_objects(plural, namespace)
+            except (ApiException, OSError, TimeoutError) as exc:
+                status = getattr(exc, "status", None)
+                if isinstance(status, int) and status < 500 and status != 429:
+                    raise  # 401/403/404: configuration or RBAC, not weather; fail loudly
+                log.warning("listing %s failed (%s); retrying in %.1f s", plural, status or type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(_MAX_RETRY_SECONDS, delay * 2)
 
     async def upsert(self, kind: str, body: Mapping[str, Any]) -> None:
         """An object was listed, added or modified (our own status writes included: cheap when nothing changed)."""
@@ -357,7 +372,14 @@ class FleetEngine:
             )
         )
         self._dirty_fleets(key[1])
-        log.info("%s %s/%s: %s -> %s (%s)", *key, transition.from_phase.value, transition.to_phase.value, detail)
+        log.info(
+            "%s %s/%s: %s -> %s (%s)%s",
+            *key,
+            transition.from_phase.value,
+            transition.to_phase.value,
+            transition.reason,
+            detail,
+        )
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -132,8 +132,15 @@ class OperatorRun:
         engine = FleetEngine(settings, kube, prober, metrics=self.metrics)
         self.engine = engine
         lost = asyncio.Event()
+        hold = asyncio.create_task(self._hold(elector, lost), name="lease") if elector is not None else None
         try:
-            await engine.prime()
+            prime = asyncio.create_task(engine.prime(), name="prime")
+            waiting = {prime, asyncio.create_task(self.stop.wait(), name="stop")} | ({hold} if hold else set())
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if not prime.done():  # stopped or lost the Lease while listing
+                prime.cancel()
+                return lost.is_set()
+            prime.result()
             self.state.synced = True
             kopf_stop = asyncio.Event()
             kopf_task = asyncio.create_task(
@@ -149,8 +156,8 @@ class OperatorRun:
             )
             engine_task = asyncio.create_task(engine.run(), name="fleet-engine")
             watch = {kopf_task, engine_task, asyncio.create_task(self.stop.wait(), name="stop")}
-            if elector is not None:
-                watch.add(asyncio.create_task(self._hold(elector, lost), name="lease"))
+            if hold is not None:
+                watch.add(hold)
             done, pending = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             if kopf_task in done and kopf_task.exception() is None and not lost.is_set():
                 self.stop.set()  # kopf ended cleanly: it received SIGTERM/SIGINT
@@ -167,6 +174,8 @@ class OperatorRun:
                 await self._flush(engine)
             return lost.is_set()
         finally:
+            if hold is not None and not hold.done():
+                hold.cancel()
             if self._prober is None and isinstance(prober, HttpProber):
                 await prober.close()
             await kube.close()
@@ -191,4 +200,7 @@ class OperatorRun:
 async def run_operator(settings: OperatorSettings) -> int:
     """``rollout-fleet operator``: configure logging and run until SIGTERM/SIGINT; the exit code."""
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kubernetes_asyncio").setLevel(max(logging.INFO, logging.getLogger().level))
+    if settings.log_level != "DEBUG":  # kopf logs every handled event; our status writes echo back as events
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     return await OperatorRun(settings).run()

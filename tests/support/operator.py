@@ -156,18 +156,16 @@ class OperatorProcess:
                 await asyncio.sleep(0.1)
 
     async def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
-        """The value of one sample on /metrics (0 when absent)."""
+        """The sum of the samples of ``name`` on /metrics whose labels include ``labels`` (0 when none)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         _, text = await self.get("/metrics")
-        rendered = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
-        wanted = f"{name}{{{rendered}}}" if labels else name
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("#"):
-                continue
-            key, _, value = line.rpartition(" ")
-            if key == wanted or (labels is None and key.split("{", 1)[0] == name):
-                total += float(value)
-        return total
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items())
+        )
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.process.log_path.read_text(errors="replace").splitlines()[-lines:])
