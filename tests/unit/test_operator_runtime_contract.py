@@ -1,0 +1,125 @@
+"""Contracts between the operator and the runtime: policy names, the healthy set the runtime reads, leader
+election decisions, settings from the environment, and the status table."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic.alias_generators import to_snake
+from rich.console import Console
+
+from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status
+from fleet_operator.leader import LeaseAction, LeaseRecord, decide
+from fleet_operator.models import DispatchPolicySpec, GenerationShardSpec, RolloutFleetSpec
+from fleet_operator.settings import OperatorSettings
+from fleet_operator.status_table import fleet_table
+from rollout_runtime.dispatch import DispatchPolicy
+from rollout_runtime.health import HealthPhase
+from rollout_runtime.shards.kubernetes import healthy_set_from_status
+
+
+def test_every_fleet_policy_field_is_a_dispatch_policy_field_with_the_same_default() -> None:
+    spec_fields = {to_snake(field.alias or name) for name, field in DispatchPolicySpec.model_fields.items()}
+    assert spec_fields <= set(DispatchPolicy.model_fields)
+    runtime_defaults = DispatchPolicy().model_dump(mode="json")
+    for name, value in DispatchPolicySpec().model_dump(mode="json", by_alias=False).items():
+        if name != "attempt_timeout_seconds":  # bounded in a cluster on purpose (see the model's docstring)
+            assert value == runtime_defaults[name], name
+
+
+def test_the_policy_the_crd_defaults_is_a_valid_dispatch_policy() -> None:
+    DispatchPolicy(**DispatchPolicySpec().model_dump(mode="json", by_alias=False, exclude_none=True))
+
+
+def test_the_runtime_reads_the_healthy_set_the_operator_publishes() -> None:
+    spec = GenerationShardSpec(endpoint="http://10.0.0.5:8000", model="m", max_model_len=1024, weight=3)
+    member = Member(GENERATION_SHARD, "ns", "s1", {}, spec, "http://10.0.0.5:8000", HealthPhase.HEALTHY, 1.7e9)
+    status = fleet_status(
+        RolloutFleetSpec.model_validate({"shardSelector": {}}), [member], generation=1, previous=None, now=1.7e9
+    )
+    snapshot = healthy_set_from_status(status.to_kube())
+    assert snapshot.revision == status.revision
+    (shard,) = snapshot.shards
+    assert (shard.name, shard.endpoint, shard.model, shard.max_model_len, shard.weight) == (
+        "s1",
+        "http://10.0.0.5:8000",
+        "m",
+        1024,
+        3.0,
+    )
+    assert snapshot.probe_ok_at == {"s1": 1.7e9}
+
+
+def test_a_status_without_revision_still_gives_a_stable_revision() -> None:
+    shards = [{"name": "s1", "endpoint": "http://a:1"}, {"name": "bad", "endpoint": "not a url"}]
+    first, second = healthy_set_from_status({"shards": shards}), healthy_set_from_status({"shards": shards})
+    assert first.revision == second.revision
+    assert first.names() == frozenset({"s1"}), "an unparseable entry is skipped, not fatal"
+
+
+@pytest.mark.parametrize(
+    ("record", "unchanged_for", "action"),
+    [
+        (None, 0.0, LeaseAction.CREATE),
+        (LeaseRecord("me", "7", 15), 100.0, LeaseAction.RENEW),
+        (LeaseRecord("other", "7", 15), 14.9, LeaseAction.WAIT),
+        (LeaseRecord("other", "7", 15), 15.0, LeaseAction.TAKE),
+        (LeaseRecord(None, "7", 15), 0.0, LeaseAction.TAKE),
+    ],
+)
+def test_leader_election_decides_from_the_lease_and_our_own_clock(
+    record: LeaseRecord | None, unchanged_for: float, action: LeaseAction
+) -> None:
+    assert decide(record, "me", unchanged_for=unchanged_for) is action
+
+
+def test_settings_read_lists_as_json_or_commas_and_build_the_probe_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_OPERATOR_PROBE_ALLOWED_HOSTS", "*.gpu.internal, 10.0.0.0/8")
+    monkeypatch.setenv("FLEET_OPERATOR_NAMESPACES", '["a", "b"]')
+    settings = OperatorSettings()
+    assert settings.namespaces == ["a", "b"]
+    policy = settings.probe_policy()
+    assert policy.check("http://node-3.gpu.internal:8000/health").allowed
+    assert policy.check("http://10.2.3.4:8000/health").allowed
+    assert policy.check("http://vllm.team.svc.cluster.local:8000/health").allowed
+    assert not policy.check("http://example.com/health").allowed
+    assert not policy.check("http://127.0.0.1:8000/health").allowed
+    assert not policy.check("http://169.254.169.254/latest").allowed
+
+
+def test_settings_reject_a_bad_allowlist_and_lease_timing() -> None:
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
+        OperatorSettings(probe_allowed_hosts=["10.0.0.0/99"])
+    with pytest.raises(ValueError, match="lease_renew_seconds must be less"):
+        OperatorSettings(lease_duration_seconds=5, lease_renew_seconds=5)
+
+
+def test_status_table_lists_selected_members_with_phase_and_set_membership() -> None:
+    fleet = {
+        "metadata": {"name": "a"},
+        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}},
+        "status": {"healthy": "1/2", "revision": "abc", "shards": [{"name": "s1", "endpoint": "http://x:1"}]},
+    }
+    shards = [
+        {
+            "metadata": {"name": "s1", "labels": {"fleet": "a"}},
+            "status": {"phase": "Healthy", "latencyMilliseconds": 3.2},
+        },
+        {
+            "metadata": {"name": "s2", "labels": {"fleet": "a"}},
+            "status": {"phase": "Unhealthy", "lastError": "timeout"},
+        },
+        {"metadata": {"name": "other", "labels": {"fleet": "b"}}, "status": {"phase": "Healthy"}},
+    ]
+    console = Console(width=200, record=True)
+    console.print(fleet_table(fleet, shards, []))
+    text = console.export_text()
+    assert "healthy 1/2" in text
+    assert "revision abc" in text
+    rows = {line.split("│")[2].strip(): line for line in text.splitlines() if line.startswith("│")}
+    assert set(rows) == {"s1", "s2"}, "the other fleet's shard is not listed"
+    assert "Healthy" in rows["s1"]
+    assert "yes" in rows["s1"]
+    assert "3.2" in rows["s1"]
+    assert "Unhealthy" in rows["s2"]
+    assert "no" in rows["s2"]
+    assert "timeout" in rows["s2"]
