@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     [
         ("classification.py", "8-deep chain"),
         ("failover.py", "failover ratios vs rollout-fleet"),
+        ("dispatch_overhead.py", "Dispatcher                  :"),
     ],
 )
 def test_benchmark_smoke_run(script: str, expected: str) -> None:

@@ -25,7 +25,7 @@ CONTRACT = {
 def test_registers_exactly_the_contract_names_types_and_labels() -> None:
     metrics = RolloutMetrics()
     metrics.failure("infra", "GenerationUnavailable")
-    metrics.ejections_total.labels(shard="a").inc()
+    metrics.ejection("a")
     found = {}
     for family in metrics.registry.collect():
         labels: set[str] = set()
@@ -39,6 +39,20 @@ def test_each_instance_gets_its_own_registry_so_two_dispatchers_never_collide() 
     assert RolloutMetrics().registry is not RolloutMetrics().registry
 
 
+def test_durations_land_in_cumulative_buckets_with_le_semantics() -> None:
+    metrics = RolloutMetrics()
+    for seconds in (0.01, 0.02, 3.0, 5000.0):
+        metrics.attempt("success", seconds)
+    bucket = "rollout_attempt_duration_seconds_bucket"
+    assert metrics.value(bucket, {"outcome": "success", "le": "0.01"}) == 1, "a value equal to a bound is in it"
+    assert metrics.value(bucket, {"outcome": "success", "le": "0.05"}) == 2
+    assert metrics.value(bucket, {"outcome": "success", "le": "5.0"}) == 3
+    assert metrics.value(bucket, {"outcome": "success", "le": "+Inf"}) == 4
+    assert metrics.value("rollout_attempt_duration_seconds_count", {"outcome": "success"}) == 4
+    assert metrics.value("rollout_attempt_duration_seconds_sum", {"outcome": "success"}) == 5003.03
+    assert metrics.value("rollout_attempts_total", {"outcome": "success"}) == 4
+
+
 def test_bounded_series_exist_at_zero_before_any_event() -> None:
     metrics = RolloutMetrics(CollectorRegistry())
     for outcome in ("success", "infra_failure", "data_failure", "cancelled"):
@@ -49,7 +63,7 @@ def test_bounded_series_exist_at_zero_before_any_event() -> None:
 
 async def test_serve_metrics_exposes_the_registry_over_http() -> None:
     metrics = RolloutMetrics()
-    metrics.prompt_counter["completed"].inc(3)
+    metrics.prompts["completed"] += 3
     async with serve_metrics(metrics.registry) as server, aiohttp.ClientSession() as session:
         assert server.port > 0
         async with session.get(server.url) as response:

@@ -244,7 +244,6 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop
         self._in_flight = 0
         self._last_commit_wall: float | None = None
-        self.metrics.in_flight.set_function(lambda: self._in_flight)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -396,11 +395,11 @@ class Dispatcher:
 
     def _commit(self) -> None:
         self._last_commit_wall = wall = self.clock.wall()
-        self.metrics.last_commit_timestamp_seconds.set(wall)
+        self.metrics.last_commit_timestamp = wall
 
     def _requeue(self, run: DispatchRun[Any, Any], state: _PromptState, delay: float) -> None:
         run.stats.redispatches += 1
-        self.metrics.redispatches_total.inc()
+        self.metrics.redispatches += 1
         if delay <= 0:
             run.ready.put_nowait(state)
             return
@@ -415,7 +414,7 @@ class Dispatcher:
 
     def _stalled(self, run: DispatchRun[Any, Any], verdict: StallVerdict) -> None:
         run.stats.stalls += 1
-        self.metrics.stall_counter[verdict.action].inc()
+        self.metrics.stalls[verdict.action] += 1
         self._emit(StallDetected(verdict.action, verdict.idle_seconds, verdict.unfinished))
         log.warning("%s", verdict.message())
         if verdict.action == "abort":
@@ -480,6 +479,7 @@ class Dispatcher:
         slot.outstanding += 1
         slot.attempts.add(record)
         self._in_flight += 1
+        self.metrics.in_flight += 1
         run.stats.in_flight += 1
         if slot.name not in state.tried:
             state.tried.append(slot.name)
@@ -502,7 +502,7 @@ class Dispatcher:
                     evicted = True
                 else:
                     run.stats.cancelled += 1
-                    self.metrics.attempt_counter["cancelled"].inc()
+                    self.metrics.attempt("cancelled")
                     raise
             except (RolloutRedispatchExhausted, RolloutStall):
                 raise
@@ -520,29 +520,30 @@ class Dispatcher:
             slot.outstanding -= 1
             slot.attempts.discard(record)
             self._in_flight -= 1
+            self.metrics.in_flight -= 1
             run.stats.in_flight -= 1
-        seconds = clock() - started
+        ended = clock()
         if not run.active:
             return
         if evicted:
-            self._evicted(run, state, slot, seconds)
+            self._evicted(run, state, slot, ended - started)
         elif failure is not None:
-            self._failed(run, state, slot, failure, seconds)
+            self._failed(run, state, slot, failure, ended - started)
         else:
-            self._succeeded(run, state, slot, result, seconds)
+            self._succeeded(run, state, slot, result, started, ended)
 
     def _succeeded(
-        self, run: DispatchRun[Any, Any], state: _PromptState, slot: _Slot, result: Any, seconds: float
+        self, run: DispatchRun[Any, Any], state: _PromptState, slot: _Slot, result: Any, started: float, ended: float
     ) -> None:
+        seconds = ended - started
         metrics = self.metrics
         run.stats.successes += 1
         run.stats.completed += 1
-        metrics.attempt_counter["success"].inc()
-        metrics.attempt_duration["success"].observe(seconds)
-        metrics.prompt_counter["completed"].inc()
+        metrics.attempt("success", seconds)
+        metrics.prompts["completed"] += 1
         self._commit()
         if run.watchdog is not None:
-            run.watchdog.committed(self.clock.monotonic())
+            run.watchdog.committed(ended)
         if self._observer is not None:
             self._emit(AttemptEnded(state.prompt_id, slot.name, "success", None, seconds))
         attempts = state.budget.attempts + 1
@@ -550,8 +551,7 @@ class Dispatcher:
 
     def _evicted(self, run: DispatchRun[Any, Any], state: _PromptState, slot: _Slot, seconds: float) -> None:
         run.stats.cancelled += 1
-        self.metrics.attempt_counter["cancelled"].inc()
-        self.metrics.attempt_duration["cancelled"].observe(seconds)
+        self.metrics.attempt("cancelled", seconds)
         state.budget.evictions += 1
         state.last_failed = slot.name
         self._emit(AttemptEnded(state.prompt_id, slot.name, "cancelled", None, seconds))
@@ -578,9 +578,7 @@ class Dispatcher:
             outcome = "data_failure"
             state.budget.data_failures += 1
             run.stats.data_failures += 1
-        metrics.attempt_counter[outcome].inc()
-        if seconds is not None:
-            metrics.attempt_duration[outcome].observe(seconds)
+        metrics.attempt(outcome, seconds)
         if slot is not None:
             state.last_failed = slot.name
         if self._observer is not None:
@@ -601,7 +599,7 @@ class Dispatcher:
         reason = _reason(exc)
         attempts = state.budget.attempts
         run.stats.data_failed += 1
-        self.metrics.prompt_counter["data_failed"].inc()
+        self.metrics.prompts["data_failed"] += 1
         self._commit()
         if run.watchdog is not None:
             run.watchdog.committed(self.clock.monotonic())
@@ -612,13 +610,13 @@ class Dispatcher:
 
     def _exhausted(self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, kind: str) -> None:
         run.stats.exhausted += 1
-        self.metrics.redispatch_exhausted_total.inc()
+        self.metrics.exhausted += 1
         reason = _reason(exc)
         attempts = state.budget.attempts
         shards = tuple(state.tried)
         if run.stats.skipped < self.policy.max_skipped_prompts:
             run.stats.skipped += 1
-            self.metrics.prompt_counter["skipped"].inc()
+            self.metrics.prompts["skipped"] += 1
             log.warning("prompt %s skipped after %d attempt(s): %s", state.prompt_id, attempts, reason)
             self._write_ledger(state, "skipped", FailureClass.INFRA, kind, reason)
             self._finish(run, state, Skipped(state.prompt_id, state.prompt, kind, reason, attempts, shards))
@@ -695,7 +693,7 @@ class Dispatcher:
             log.warning("every healthy shard is ejected: routing to all of them (panic mode)")
             routable = slots
         self._routable = routable
-        self.metrics.healthy_shards.set(len(routable))
+        self.metrics.healthy_shards = len(routable)
         self._emit(
             HealthyShardsChanged(
                 revision=revision or (self._snapshot.revision if self._snapshot else ""),
@@ -712,7 +710,7 @@ class Dispatcher:
         if ejection is None:
             return
         run.stats.ejections += 1
-        self.metrics.ejections_total.labels(shard=name).inc()
+        self.metrics.ejection(name)
         log.info("shard %s ejected for %.1fs (ejection #%d in a row)", name, ejection.seconds, ejection.count)
         self._emit(ShardEjected(name, ejection.seconds, ejection.count))
         self._recompute()
