@@ -1,0 +1,190 @@
+"""helm install into the real kube-apiserver, then the operator runs with the chart's ServiceAccount identity.
+
+There is no kubelet, so the Deployment gets no pods; instead the test runs ``rollout-fleet operator`` as a real
+process configured exactly like the installed Deployment's container (its env, read back from the API server), with
+a TokenRequest token of the chart's ServiceAccount. Only what a pod gets from its node differs: the kubeconfig
+(in-cluster service-account mount), the pod name (downward API), a free port, and loopback probing for the
+simulated shards on 127.0.0.1. The operator then has to reconcile a fleet: list and watch the three kinds, patch
+their status, post Events and hold the Lease — with nothing but the chart's RBAC. ``kubectl auth can-i --list`` for
+that identity must equal the least-privilege table in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from support.chart import CHART_DIR, documented_rbac
+from support.chart_cluster import PLURALS, fleet_objects, fleet_status, install, start_operator
+from support.controlplane import ControlPlane
+from support.helm import Helm
+from support.processes import ManagedProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+# What every authenticated identity may do (system:basic-user, system:discovery, system:public-info-viewer).
+BUILTIN_RESOURCES = {
+    "selfsubjectreviews.authentication.k8s.io",
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+}
+
+
+def expected_can_i(scope: str) -> dict[str, set[str]]:
+    """The documented rows of one scope, named the way `kubectl auth can-i --list` names resources."""
+    expected = {}
+    for (group, resource), (verbs, row_scope) in documented_rbac().items():
+        if row_scope != scope:
+            continue
+        plural, _, subresource = resource.partition("/")
+        name = f"{plural}.{group}" if group else plural
+        expected[f"{name}/{subresource}" if subresource else name] = verbs
+    return expected
+
+
+def can_i_list(plane: ControlPlane, kubeconfig: Path, namespace: str) -> dict[str, set[str]]:
+    """`kubectl auth can-i --list` in a namespace, as resource -> verbs (non-resource URLs left out)."""
+    out = plane.kubectl("auth", "can-i", "--list", f"--namespace={namespace}", kubeconfig=kubeconfig).stdout
+    granted: dict[str, set[str]] = {}
+    for line in out.splitlines()[1:]:
+        match = re.match(r"^(\S+)\s+\[(.*?)\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$", line)
+        if match:
+            resource, _, names, verbs = match.groups()
+            assert not names, f"unexpected resourceNames restriction in {line!r}"
+            granted.setdefault(resource, set()).update(verbs.split())
+    return granted
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
+def test_service_account_of_the_chart_runs_the_operator_and_reconciles_a_fleet(
+    helm: Helm,
+    control_plane: ControlPlane,
+    sim_shards: list[tuple[ManagedProcess, int]],
+    tmp_path: Path,
+    namespaced: bool,
+) -> None:
+    installed = install(helm, control_plane, namespaced=namespaced)
+    assert "Next step" in installed.install_output  # NOTES.txt
+    assert "kubectl apply --server-side" in installed.install_output
+    for plural in PLURALS:  # installed from the chart's crds/ (and served: install() waited)
+        control_plane.kubectl("get", "crd", f"{plural}.rolloutfleet.dev")
+
+    # What the identity may do equals the documented least-privilege set, and nothing beyond the built-ins.
+    in_fleet_ns = can_i_list(control_plane, installed.kubeconfig, installed.fleet_namespace)
+    in_release_ns = can_i_list(control_plane, installed.kubeconfig, installed.namespace)
+    watched = expected_can_i("watched namespaces")
+    lease = expected_can_i("release namespace")
+    assert {r: v for r, v in in_fleet_ns.items() if r not in BUILTIN_RESOURCES} == watched
+    assert {r: v for r, v in in_release_ns.items() if r not in BUILTIN_RESOURCES} == (
+        lease if namespaced else watched | lease
+    )
+
+    # The operator, as the installed Deployment configures it, with only the chart's RBAC.
+    control_plane.apply(*fleet_objects(installed.fleet_namespace, [port for _, port in sim_shards]))
+    operator, port, identity = start_operator(control_plane, installed, tmp_path)
+    try:
+        wait_until(
+            lambda: fleet_status(control_plane, installed.fleet_namespace).get("readyShards") == 2,
+            timeout=60,
+            what="fleet with 2 healthy shards",
+            process=operator,
+        )
+        status = fleet_status(control_plane, installed.fleet_namespace)
+        assert status["healthy"] == "2/2"
+        assert [entry["name"] for entry in status["shards"]] == ["shard-0", "shard-1"]
+
+        # A shard dies: its status, the fleet's healthy set and an Event are written with the chart's identity.
+        sim_shards[1][0].kill()
+        wait_until(
+            lambda: fleet_status(control_plane, installed.fleet_namespace).get("readyShards") == 1,
+            timeout=60,
+            what="fleet down to 1 healthy shard",
+            process=operator,
+        )
+        shard = control_plane.kubectl_json(
+            "get", "generationshard", "shard-1", f"--namespace={installed.fleet_namespace}"
+        )
+        assert shard["status"]["phase"] == "Unhealthy"
+        events = control_plane.kubectl_json("get", "events", f"--namespace={installed.fleet_namespace}")["items"]
+        assert any(event["involvedObject"]["name"] == "shard-1" for event in events)
+
+        lease_obj = control_plane.kubectl_json(
+            "get", "lease", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
+        )
+        assert lease_obj["spec"]["holderIdentity"] == identity
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            metrics = response.read().decode()
+        assert f'fleet_healthy_shards{{fleet="e2e",namespace="{installed.fleet_namespace}"}} 1.0' in metrics
+    finally:
+        operator.stop()
+    log = operator.log_path.read_text()
+    assert "Forbidden" not in log, f"the chart's RBAC refused a call:\n{operator.tail(60)}"
+    assert " 403" not in log, f"the chart's RBAC refused a call:\n{operator.tail(60)}"
+    assert operator.popen is not None
+    assert operator.popen.returncode == 0, operator.tail(60)
+    released = control_plane.kubectl_json(
+        "get", "lease", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
+    )
+    assert not released["spec"].get("holderIdentity"), "the operator did not release the Lease on SIGTERM"
+
+
+def test_reader_cluster_role_lets_a_trainer_read_its_fleet_and_nothing_else(
+    helm: Helm, control_plane: ControlPlane
+) -> None:
+    installed = install(helm, control_plane, namespaced=False)
+    suffix = installed.release.removeprefix("rf")
+    trainer = control_plane.service_account_kubeconfig(installed.fleet_namespace, "trainer")
+    control_plane.kubectl(
+        "create",
+        "rolebinding",
+        "trainer-reads-fleet",
+        f"--namespace={installed.fleet_namespace}",
+        f"--clusterrole=rollout-fleet-reader-{suffix}",
+        f"--serviceaccount={installed.fleet_namespace}:trainer",
+    )
+    granted = can_i_list(control_plane, trainer, installed.fleet_namespace)
+    assert {r: v for r, v in granted.items() if r not in BUILTIN_RESOURCES} == {
+        f"{plural}.rolloutfleet.dev": {"get", "list", "watch"}
+        for plural in ("rolloutfleets", "generationshards", "environmentservers")
+    }
+    control_plane.kubectl("get", "rolloutfleets", f"--namespace={installed.fleet_namespace}", kubeconfig=trainer)
+
+
+def test_documented_upgrade_path_applies_the_crds_then_upgrades_the_release(
+    helm: Helm, control_plane: ControlPlane
+) -> None:
+    """docs/operations.md "Upgrade": kubectl apply --server-side of the chart's crds/, then helm upgrade."""
+    installed = install(helm, control_plane, namespaced=False)
+    applied = control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART_DIR / "crds")).stdout
+    assert applied.count("serverside-applied") == len(PLURALS)
+    helm.run(
+        "upgrade",
+        installed.release,
+        CHART_DIR,
+        "--namespace",
+        installed.namespace,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        kubeconfig=control_plane.kubeconfig,
+    )
+    deployment = control_plane.kubectl_json(
+        "get", "deployment", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
+    )
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    history = helm.run(
+        "history",
+        installed.release,
+        "--namespace",
+        installed.namespace,
+        "-o",
+        "json",
+        kubeconfig=control_plane.kubeconfig,
+    ).stdout
+    assert [entry["status"] for entry in json.loads(history)] == ["superseded", "deployed"]

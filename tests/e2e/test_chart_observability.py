@@ -1,0 +1,179 @@
+"""Dashboards and alerts against a real Prometheus scraping a real run.
+
+The run: the chart installed into the real kube-apiserver and the operator (as the chart configures it, with its
+ServiceAccount) probing simulated shards, while the local demo (``rollout-fleet demo``: a batch through simulated
+shards with chaos and over-long prompts) serves the runtime's metrics. A real Prometheus scrapes both — the operator
+as ``job="rollout-fleet-operator"``, as the chart's ServiceMonitor names it — and evaluates the chart's rule file.
+
+Then: every dashboard panel query (variables expanded) returns finite data; every metric a panel or alert names is
+one the run actually exposed; every rule evaluates without error; and the alerts the run provokes (a shard killed:
+Degraded; all killed: NoHealthyShards; over-long prompts: DataFailureSpike; the operator stopped: OperatorDown)
+become active. The ``for`` durations (minutes) are not waited out: promtool's unit tests cover firing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.chart import (
+    RULES_FILE,
+    alert_rules,
+    committed_dashboards,
+    dashboard_panels,
+    expand_grafana_variables,
+    metric_names,
+    registered_metric_names,
+)
+from support.chart_cluster import ROLLOUT_FLEET, fleet_objects, fleet_status, install, start_operator
+from support.controlplane import ControlPlane
+from support.helm import Helm
+from support.processes import ManagedProcess, free_port, wait_until
+from support.prometheus import Prometheus
+
+pytestmark = pytest.mark.e2e
+
+OPERATOR_JOB = "rollout-fleet-operator"
+TRAINER_JOB = "trainer"
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def active_alerts(prometheus: Prometheus) -> set[str]:
+    """Names of alerts pending or firing now."""
+    alerts = _get_json(f"{prometheus.url}/api/v1/alerts")["data"]["alerts"]
+    return {alert["labels"]["alertname"] for alert in alerts if alert["state"] in {"pending", "firing"}}
+
+
+def wait_for_alert(prometheus: Prometheus, name: str) -> None:
+    """Wait until the alert is pending or firing (its expression returned data), or fail naming what is active."""
+    try:
+        wait_until(lambda: name in active_alerts(prometheus), timeout=90, what=f"alert {name} active", interval=0.5)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; active: {sorted(active_alerts(prometheus))}") from None
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[Prometheus, int, int]]:
+    """A Prometheus with the chart's rules, scraping the operator and the demo on ports chosen up front."""
+    operator_port, demo_port = free_port(), free_port()
+    server = Prometheus(tmp_path / "prometheus", [], rule_files=[RULES_FILE])
+    config = json.loads(server.config_file.read_text())
+    config["scrape_configs"] = [
+        {"job_name": OPERATOR_JOB, "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]},
+        {"job_name": TRAINER_JOB, "static_configs": [{"targets": [f"127.0.0.1:{demo_port}"]}]},
+    ]
+    server.config_file.write_text(json.dumps(config))
+    server.start()
+    try:
+        yield server, operator_port, demo_port
+    finally:
+        server.stop()
+
+
+def test_dashboards_and_alerts_show_data_from_a_real_run(
+    helm: Helm,
+    control_plane: ControlPlane,
+    sim_shards: list[tuple[ManagedProcess, int]],
+    prometheus: tuple[Prometheus, int, int],
+    tmp_path: Path,
+) -> None:
+    server, operator_port, demo_port = prometheus
+    installed = install(helm, control_plane, namespaced=False)
+    control_plane.apply(*fleet_objects(installed.fleet_namespace, [port for _, port in sim_shards]))
+    operator, _, _ = start_operator(control_plane, installed, tmp_path, port=operator_port)
+    demo = ManagedProcess(
+        "demo",
+        [
+            ROLLOUT_FLEET,
+            "demo",
+            "--shards",
+            "3",
+            "--prompts",
+            "300",
+            "--over-long",
+            "40",
+            "--concurrency",
+            "8",
+            "--metrics-port",
+            str(demo_port),
+            "--linger",
+            "600",
+            "--report-dir",
+            str(tmp_path / "demo"),
+        ],
+        tmp_path / "demo.log",
+    )
+    try:
+        wait_until(
+            lambda: fleet_status(control_plane, installed.fleet_namespace).get("readyShards") == 2,
+            timeout=60,
+            what="fleet with 2 healthy shards",
+            process=operator,
+        )
+        demo.start()
+
+        # Fleet trouble the operator sees: one shard dies, then the other.
+        sim_shards[1][0].kill()
+        wait_for_alert(server, "RolloutFleetDegraded")
+        sim_shards[0][0].kill()
+        wait_for_alert(server, "RolloutFleetNoHealthyShards")
+
+        # The demo's batch ends (its report is written); it keeps serving /metrics (--linger).
+        wait_until(lambda: (tmp_path / "demo" / "report.json").exists(), timeout=240, what="demo run", process=demo)
+        wait_for_alert(server, "RolloutDataFailureSpike")
+        server.wait_for_series(f'rollout_prompts_total{{job="{TRAINER_JOB}", result="completed"}} > 0')
+
+        # Every panel of every dashboard has finite data.
+        empty = []
+        for name, dashboard in committed_dashboards().items():
+            for panel in dashboard_panels(dashboard):
+                for target in panel["targets"]:
+                    result = server.query(expand_grafana_variables(target["expr"]))
+                    values = [float(sample["value"][1]) for sample in result]
+                    if not any(math.isfinite(value) for value in values):
+                        empty.append(f"{name}: {panel['title']}: {target['expr']}")
+            for variable in dashboard["templating"]["list"]:
+                if variable["type"] == "query":
+                    match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"])
+                    assert match, variable["query"]
+                    selector, label = match.groups()
+                    found = server.query(expand_grafana_variables(selector))
+                    if not any(label in sample["metric"] for sample in found):
+                        empty.append(f"{name}: variable {variable['name']}")
+        assert not empty, "panels without data:\n" + "\n".join(empty)
+
+        # Every metric the dashboards and alerts name was exposed by the run, and is one the code registers.
+        scraped = set(_get_json(f"{server.url}/api/v1/label/__name__/values")["data"])
+        used = {
+            n
+            for d in committed_dashboards().values()
+            for p in dashboard_panels(d)
+            for t in p["targets"]
+            for n in metric_names(t["expr"])
+        }
+        used |= {n for rule in alert_rules() for n in metric_names(rule["expr"])}
+        assert used <= scraped, f"named but never exposed by the run: {sorted(used - scraped)}"
+        ours = {n for n in scraped if n.startswith(("rollout_", "fleet_"))}
+        assert ours <= registered_metric_names(), sorted(ours - registered_metric_names())
+
+        # Every rule evaluates without error on the real series.
+        groups = _get_json(f"{server.url}/api/v1/rules")["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        assert {rule["name"] for rule in rules} == {rule["alert"] for rule in alert_rules()}
+        assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
+    finally:
+        operator.stop()
+    wait_for_alert(server, "RolloutFleetOperatorDown")
+    demo.stop()
+    assert "Traceback" not in operator.log_path.read_text(), operator.tail(60)
