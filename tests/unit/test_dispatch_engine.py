@@ -388,12 +388,15 @@ async def test_panic_rule_never_ejects_the_last_healthy_shard() -> None:
 
 
 async def test_environment_transport_failures_do_not_eject_the_generation_shard() -> None:
+    """Neither a GymTransportError nor one in the cause chain (the second attempt) ejects the generation shard."""
     seen: list[str] = []
 
     async def rollout(shard: Shard, prompt: int) -> str:
         seen.append(shard.name)
         if len(seen) == 1:
             raise GymTransportError("environment server reset the connection")
+        if len(seen) == 2:
+            raise RuntimeError("episode failed") from GymTransportError("environment server timed out")
         return shard.name
 
     async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:

@@ -127,7 +127,14 @@ def _is_terminal(exc: BaseException) -> bool:
 
 def _blames_shard(exc: BaseException) -> bool:
     """Whether an infra failure says the *generation shard* is sick (the environment side's do not)."""
-    return not isinstance(exc, GymTransportError | NoHealthyShards)
+    node: BaseException | None = exc
+    for _ in range(_MAX_CAUSES + 1):
+        if node is None:
+            return True
+        if isinstance(node, GymTransportError | NoHealthyShards):
+            return False
+        node = node.__cause__
+    return True
 
 
 class DispatchRun(Generic[P, R]):
