@@ -11,7 +11,7 @@ checks that both layers reject the same specs.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, ClassVar, Final, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -450,5 +450,3 @@ class RolloutFleetStatus(_KubeModel):
         default_factory=list, json_schema_extra=_MAP_LIST_BY_TYPE
     )
     """Ready (at least minReadyShards healthy) and Degraded (some selected member is not healthy)."""
-
-    KIND: ClassVar[str] = "RolloutFleet"

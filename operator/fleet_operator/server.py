@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from aiohttp import web
@@ -26,7 +26,6 @@ class RunnerState:
     """Set when a task the operator cannot live without died: liveness then fails and the kubelet restarts us."""
     synced: bool = False
     identity: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 @asynccontextmanager

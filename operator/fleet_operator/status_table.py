@@ -6,7 +6,8 @@ fetches them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,20 @@ def fleet_table(
     return Group(header, table)
 
 
+async def _retrying(make: Callable[[], Awaitable[Any]], *, attempts: int = 8) -> Any:
+    """Make an API call; on 429 (e.g. a new CRD's storage still initialising) or 5xx, make it again after a pause."""
+    for attempt in range(attempts):
+        try:
+            return await make()
+        except ApiException as exc:
+            if attempt == attempts - 1 or not (exc.status == 429 or (exc.status or 0) >= 500):
+                raise
+            headers: Mapping[str, str] = exc.headers or {}
+            retry_after = str(headers.get("Retry-After", "1"))
+            await asyncio.sleep(min(10.0, float(retry_after) if retry_after.isdigit() else 1.0))
+    raise AssertionError("unreachable")
+
+
 async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Path | None) -> int:
     """Fetch the fleet and its members, print the table; the exit code (1: fleet not found)."""
     configuration = await load_client_configuration(kubeconfig)
@@ -87,13 +102,19 @@ async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Pa
     async with client.ApiClient(configuration) as api_client:
         api = client.CustomObjectsApi(api_client)
         try:
-            obj = await api.get_namespaced_custom_object(GROUP, VERSION, namespace, "rolloutfleets", fleet)
+            obj = await _retrying(
+                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, "rolloutfleets", fleet)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 console.print(f"[red]RolloutFleet {namespace}/{fleet} not found[/red]")
                 return 1
             raise
-        shards = await api.list_namespaced_custom_object(GROUP, VERSION, namespace, "generationshards")
-        environments = await api.list_namespaced_custom_object(GROUP, VERSION, namespace, "environmentservers")
+        shards = await _retrying(
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, "generationshards")
+        )
+        environments = await _retrying(
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, "environmentservers")
+        )
     console.print(fleet_table(obj, shards.get("items", []), environments.get("items", [])))
     return 0

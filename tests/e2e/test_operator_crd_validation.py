@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from support.controlplane import ControlPlane
+from support.operator import ROLLOUT_FLEET_CLI
 
 pytestmark = pytest.mark.e2e
 
@@ -133,7 +134,9 @@ def test_examples_are_accepted_and_defaulted(fleet_crds: ControlPlane, fleet_nam
 
 def test_kubectl_get_shows_the_printer_columns(fleet_crds: ControlPlane, fleet_namespace: str) -> None:
     ns = fleet_namespace
-    assert apply(fleet_crds, ns, shard({**OK, "model": "sim-model"}, name="s0")).returncode == 0
+    selected = shard({**OK, "model": "sim-model"}, name="s0")
+    selected["metadata"]["labels"] = {"fleet": "a"}
+    assert apply(fleet_crds, ns, selected).returncode == 0
     assert apply(fleet_crds, ns, fleet(SELECT) | {"metadata": {"name": "a"}}).returncode == 0
     fleet_crds.kubectl(
         "patch", "generationshard", "s0", "-n", ns, "--subresource=status", "--type=merge",
@@ -155,5 +158,17 @@ def test_kubectl_get_shows_the_printer_columns(fleet_crds: ControlPlane, fleet_n
     fleets = fleet_crds.kubectl("get", "rfleet", "-n", ns).stdout.splitlines()
     assert fleets[0].split() == ["NAME", "HEALTHY", "READY", "ENVS", "AGE"]
     assert fleets[1].split()[:4] == ["a", "1/1", "True", "0"]
+    cli = subprocess.run(
+        [ROLLOUT_FLEET_CLI, "status", "a", "-n", ns, "--kubeconfig", str(fleet_crds.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**fleet_crds.env(), "COLUMNS": "200"},
+        check=True,
+    )
+    assert "healthy 1/1" in cli.stdout
+    assert "EnoughHealthyShards" in cli.stdout
+    assert "s0" in cli.stdout
+    assert "Healthy" in cli.stdout
     category = fleet_crds.kubectl("get", "rollout-fleet", "-n", ns, "-o", "name").stdout.split()
     assert sorted(category) == ["generationshard.rolloutfleet.dev/s0", "rolloutfleet.rolloutfleet.dev/a"]
