@@ -44,28 +44,41 @@ class ControlPlane:
         self.certs_dir = workdir / "pki"
         self.logs_dir = workdir / "logs"
         self.kubeconfigs_dir = workdir / "kubeconfigs"
-        self.etcd_port, self.etcd_peer_port, self.port = free_ports(3)
         self.host = "127.0.0.1"
-        self.url = f"https://{self.host}:{self.port}"
-        self.etcd_url = f"http://{self.host}:{self.etcd_port}"
         self.token = secrets.token_hex(24)
         self.ca_file = self.certs_dir / "ca.crt"
         self.kubeconfig = self.kubeconfigs_dir / "admin.kubeconfig"
         self.start_seconds: float | None = None
         self._extra_apiserver_args = list(extra_apiserver_args)
         self._ssl_context: ssl.SSLContext | None = None
-        self.etcd = ManagedProcess("etcd", self._etcd_argv(), self.logs_dir / "etcd.log")
-        self.apiserver = ManagedProcess("kube-apiserver", self._apiserver_argv(), self.logs_dir / "kube-apiserver.log")
+        self.etcd = ManagedProcess("etcd", [], self.logs_dir / "etcd.log")
+        self.apiserver = ManagedProcess("kube-apiserver", [], self.logs_dir / "kube-apiserver.log")
+        self._assign_ports()
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Generate credentials (first time only), start etcd then the apiserver, and wait until both are ready."""
+    def start(self, attempts: int = 3) -> None:
+        """Generate credentials (first time only), start etcd then the apiserver, and wait until both are ready.
+
+        A free port can be taken by another process between picking it and binding it (parallel sessions share
+        this machine): the first start then retries on new ports. Restarts keep their ports.
+        """
         started = time.monotonic()
-        if not self.ca_file.exists():
+        first = not self.ca_file.exists()
+        if first:
             self._generate_credentials()
-        self.start_etcd()
-        self.start_apiserver()
+        for attempt in range(1, attempts + 1):
+            try:
+                self.start_etcd()
+                self.start_apiserver()
+                break
+            except RuntimeError:
+                self.stop()
+                port_taken = "address already in use" in self.etcd.tail(200) + self.apiserver.tail(200)
+                if not (first and port_taken and attempt < attempts):
+                    raise
+                self._assign_ports()
+                self._write_kubeconfig(self.kubeconfig, user="admin", credentials={"token": self.token})
         self.start_seconds = time.monotonic() - started
 
     def stop(self) -> None:
@@ -200,6 +213,14 @@ class ControlPlane:
         )
 
     # --- internals -------------------------------------------------------------------------------------------
+
+    def _assign_ports(self) -> None:
+        """Pick free ports and derive the URLs and command lines from them."""
+        self.etcd_port, self.etcd_peer_port, self.port = free_ports(3)
+        self.url = f"https://{self.host}:{self.port}"
+        self.etcd_url = f"http://{self.host}:{self.etcd_port}"
+        self.etcd.argv = self._etcd_argv()
+        self.apiserver.argv = self._apiserver_argv()
 
     def _etcd_argv(self) -> list[str]:
         peer = f"http://{self.host}:{self.etcd_peer_port}"
