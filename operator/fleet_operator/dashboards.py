@@ -1,10 +1,10 @@
-"""Grafana dashboards as code: fleet health and rollouts, generated with grafana-foundation-sdk.
+"""Grafana dashboards as code: fleet health, rollouts, environment servers; built with grafana-foundation-sdk.
 
 The JSON the chart ships (``charts/rollout-fleet/dashboards/*.json``, loaded into ConfigMaps with ``.Files.Glob``)
 is this module's output, committed; a test regenerates it and fails on any difference, so a panel is changed here
 and never by hand. Panels query only metrics the code registers (names in docs/metrics.md; a test checks), with
 template variables ``$datasource``, ``$namespace``/``$fleet`` (operator metrics) and ``$job``/``$instance``
-(runtime metrics, labels of the trainer's scrape target).
+(runtime and environment-server metrics: labels of the scrape target).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_OUTPUT_DIR",
     "dashboard_files",
     "dashboards",
+    "environment_servers_dashboard",
     "fleet_health_dashboard",
     "rollouts_dashboard",
     "write_dashboards",
@@ -435,6 +436,93 @@ def rollouts_dashboard() -> dash.Dashboard:
     return board
 
 
+def environment_servers_dashboard() -> dash.Dashboard:
+    """Environment-server view: episodes by outcome, latency, saturation, cleanup and dependency failures."""
+    board = _dashboard(
+        "rollout-fleet-environments",
+        "rollout-fleet / Environment servers",
+        "Environment servers built on rollout_runtime.environment (environment_* metrics): episode outcomes, "
+        "latency, admission and the failures that leak resources or come from dependencies.",
+        _variables(
+            ("job", "Job", "label_values(environment_episodes_total, job)"),
+            ("instance", "Instance", 'label_values(environment_episodes_total{job=~"$job"}, instance)'),
+        ),
+    )
+    board = board.with_row(dash.Row("Episodes"))
+    board = board.with_panel(
+        _timeseries(
+            "Episodes by outcome",
+            "Episodes finished per second: success, failed (the environment reported a failure), timeout (the "
+            "episode deadline passed) and rejected (the admission queue was full or timed out).",
+            [(f"sum by (outcome) (rate(environment_episodes_total{{{_RUN}}}[{_RATE}]))", "{{outcome}}")],
+            units.OpsPerSecond,
+            stacked=True,
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Episode duration",
+            "Seconds from admission to reply by outcome (p50, p95), parked checkpoint time included. Timeouts "
+            "sit at the episode deadline.",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le, outcome) "
+                    f"(rate(environment_episode_duration_seconds_bucket{{{_RUN}}}[{_RATE}])))",
+                    f"{{{{outcome}}}} p{round(q * 100)}",
+                )
+                for q in (0.5, 0.95)
+            ],
+            units.Seconds,
+        )
+    )
+    board = board.with_row(dash.Row("Saturation and failures"))
+    board = board.with_panel(
+        _timeseries(
+            "In flight and queued",
+            "Episodes admitted and running (parked ones included) and episodes waiting for a concurrency slot. "
+            "A queue that stays above zero means the server is saturated: add replicas or raise its concurrency.",
+            [
+                (f"sum by (job, instance) (environment_episodes_in_flight{{{_RUN}}})", "{{instance}} in flight"),
+                (f"sum by (job, instance) (environment_admission_queue_depth{{{_RUN}}})", "{{instance}} queued"),
+            ],
+            units.Short,
+            width=8,
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Dependency failures",
+            "Episodes failed by a call to another server, per second, by whether another attempt may succeed "
+            "(retryable: 5xx/408/425/429 and transport errors; the rest are terminal and reported as DATA).",
+            [
+                (
+                    f"sum by (retryable) (rate(environment_dependency_failures_total{{{_RUN}}}[{_RATE}]))",
+                    "retryable={{retryable}}",
+                )
+            ],
+            units.OpsPerSecond,
+            width=8,
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Cleanup failures",
+            "Cleanup callbacks that raised or timed out, per interval. Each may have leaked a remote resource "
+            "(a sandbox, a container): look at the server's log for the callback.",
+            [
+                (
+                    f"sum by (job, instance) (increase(environment_cleanup_failures_total{{{_RUN}}}[{_RATE}]))",
+                    "{{instance}}",
+                )
+            ],
+            units.Short,
+            width=8,
+            bars=True,
+        )
+    )
+    return board
+
+
 def _render(board: dash.Dashboard) -> str:
     """Stable JSON: panels numbered in order (Grafana needs unique ids), sorted keys, trailing newline."""
     built = board.build()
@@ -445,7 +533,11 @@ def _render(board: dash.Dashboard) -> str:
 
 def dashboard_files() -> dict[str, str]:
     """File name -> dashboard JSON text, as committed under the chart."""
-    boards = {"fleet-health.json": fleet_health_dashboard(), "rollouts.json": rollouts_dashboard()}
+    boards = {
+        "fleet-health.json": fleet_health_dashboard(),
+        "rollouts.json": rollouts_dashboard(),
+        "environment-servers.json": environment_servers_dashboard(),
+    }
     return {name: _render(board) for name, board in boards.items()}
 
 
@@ -472,7 +564,7 @@ def write_dashboards(output_dir: Path) -> list[Path]:
     "--check", is_flag=True, help="Write nothing; exit 1 if the files there differ from the generator's output."
 )
 def dashboards(output_dir: Path, check: bool) -> None:
-    """Generate the Grafana dashboards (fleet health, rollouts) as JSON."""
+    """Generate the Grafana dashboards (fleet health, rollouts, environment servers) as JSON."""
     if check:
         stale = [
             name

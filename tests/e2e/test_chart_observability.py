@@ -2,8 +2,10 @@
 
 The run: the chart installed into the real kube-apiserver and the operator (as the chart configures it, with its
 ServiceAccount) probing simulated shards, while the local demo (``rollout-fleet demo``: a batch through simulated
-shards with chaos and over-long prompts) serves the runtime's metrics. A real Prometheus scrapes both — the operator
-as ``job="rollout-fleet-operator"``, as the chart's ServiceMonitor names it — and evaluates the chart's rule file.
+shards with chaos and over-long prompts) serves the runtime's metrics, and a simulated environment server
+(``rollout-fleet sim-env``) runs successful, failed and dependency-failed episodes. A real Prometheus scrapes all
+three — the operator as ``job="rollout-fleet-operator"``, as the chart's ServiceMonitor names it — and evaluates the
+chart's rule file.
 
 Then: every dashboard panel query (variables expanded) returns finite data; every metric a panel or alert names is
 one the run actually exposed; every rule evaluates without error; and the alerts the run provokes (a shard killed:
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +45,7 @@ pytestmark = pytest.mark.e2e
 
 OPERATOR_JOB = "rollout-fleet-operator"
 TRAINER_JOB = "trainer"
+ENVIRONMENT_JOB = "environment"
 
 
 def _get_json(url: str) -> Any:
@@ -63,15 +67,52 @@ def wait_for_alert(prometheus: Prometheus, name: str) -> None:
         raise AssertionError(f"{exc}; active: {sorted(active_alerts(prometheus))}") from None
 
 
+def run_episodes(url: str) -> list[int]:
+    """Successful, failed (unparseable problem) and dependency-failed (dead generation URL) episodes over the
+    episode protocol (POST /run); the HTTP statuses. Plain urllib: no event loop in this sync test."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    requests: list[dict[str, str]] = [{"problem": f"{i} + 2", "answer": str(i + 2)} for i in range(12)]
+    requests += [{"problem": "not arithmetic", "answer": "1"} for _ in range(3)]
+    requests += [{"problem": "1 + 1", "generation_url": dead} for _ in range(3)]
+    statuses = []
+    for body in requests:
+        request = urllib.request.Request(
+            f"{url}/run", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                statuses.append(int(response.status))
+        except urllib.error.HTTPError as exc:
+            statuses.append(int(exc.code))
+    return statuses
+
+
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[tuple[Prometheus, int, int]]:
-    """A Prometheus with the chart's rules, scraping the operator and the demo on ports chosen up front."""
+def environment_server(tmp_path: Path) -> Iterator[tuple[ManagedProcess, int]]:
+    """A simulated environment server (the arithmetic verifier) on a port chosen up front."""
+    port = free_port()
+    server = ManagedProcess(
+        "sim-env",
+        [ROLLOUT_FLEET, "sim-env", "--kind", "verifier", "--port", str(port), "--log-level", "WARNING"],
+        tmp_path / "sim-env.log",
+    )
+    server.start()
+    try:
+        yield server, port
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, environment_server: tuple[ManagedProcess, int]) -> Iterator[tuple[Prometheus, int, int]]:
+    """A Prometheus with the chart's rules, scraping the operator, the demo and the environment server."""
     operator_port, demo_port = free_port(), free_port()
     server = Prometheus(tmp_path / "prometheus", [], rule_files=[RULES_FILE])
     config = json.loads(server.config_file.read_text())
     config["scrape_configs"] = [
         {"job_name": OPERATOR_JOB, "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]},
         {"job_name": TRAINER_JOB, "static_configs": [{"targets": [f"127.0.0.1:{demo_port}"]}]},
+        {"job_name": ENVIRONMENT_JOB, "static_configs": [{"targets": [f"127.0.0.1:{environment_server[1]}"]}]},
     ]
     server.config_file.write_text(json.dumps(config))
     server.start()
@@ -86,6 +127,7 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
     control_plane: ControlPlane,
     sim_shards: list[tuple[ManagedProcess, int]],
     prometheus: tuple[Prometheus, int, int],
+    environment_server: tuple[ManagedProcess, int],
     tmp_path: Path,
 ) -> None:
     server, operator_port, demo_port = prometheus
@@ -122,6 +164,16 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
             process=operator,
         )
         demo.start()
+
+        # Episodes on the environment server: its series must have samples from before and after them.
+        env_process, env_port = environment_server
+        server.wait_for_series(f'up{{job="{ENVIRONMENT_JOB}"}} == 1', timeout=60)
+        statuses = run_episodes(f"http://127.0.0.1:{env_port}")
+        assert statuses.count(200) >= 12, statuses
+        server.wait_for_series(f'environment_episodes_total{{job="{ENVIRONMENT_JOB}", outcome="success"}} >= 12')
+        server.wait_for_series(f'environment_episodes_total{{job="{ENVIRONMENT_JOB}", outcome="failed"}} >= 6')
+        server.wait_for_series(f'environment_dependency_failures_total{{job="{ENVIRONMENT_JOB}"}} >= 3')
+        env_process.check_alive()
 
         # Fleet trouble the operator sees: one shard dies, then the other.
         sim_shards[1][0].kill()
@@ -164,7 +216,7 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         }
         used |= {n for rule in alert_rules() for n in metric_names(rule["expr"])}
         assert used <= scraped, f"named but never exposed by the run: {sorted(used - scraped)}"
-        ours = {n for n in scraped if n.startswith(("rollout_", "fleet_"))}
+        ours = {n for n in scraped if n.startswith(("rollout_", "fleet_", "environment_"))}
         assert ours <= registered_metric_names(), sorted(ours - registered_metric_names())
 
         # Every rule evaluates without error on the real series.

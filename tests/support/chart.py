@@ -123,11 +123,16 @@ def exposed_names(registry: CollectorRegistry) -> set[str]:
 
 
 def registered_metric_names() -> set[str]:
-    """The names the code registers: the runtime's and the operator's registries, created fresh."""
+    """The names the code registers: the runtime's, the environment server's and the operator's registries."""
     from fleet_operator.metrics import FleetMetrics
+    from rollout_runtime.environment.metrics import EnvironmentMetrics
     from rollout_runtime.metrics import RolloutMetrics
 
-    return exposed_names(RolloutMetrics().registry) | exposed_names(FleetMetrics().registry)
+    return (
+        exposed_names(RolloutMetrics().registry)
+        | exposed_names(EnvironmentMetrics().registry)
+        | exposed_names(FleetMetrics().registry)
+    )
 
 
 @pytest.fixture(scope="session")

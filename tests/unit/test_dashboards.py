@@ -119,6 +119,17 @@ def test_template_variable_queries_use_registered_metrics() -> None:
                 "rollout_prompts_total",
             },
         ),
+        (
+            "environment-servers.json",
+            {
+                "environment_episodes_total",
+                "environment_episode_duration_seconds_bucket",
+                "environment_episodes_in_flight",
+                "environment_admission_queue_depth",
+                "environment_dependency_failures_total",
+                "environment_cleanup_failures_total",
+            },
+        ),
     ],
 )
 def test_each_dashboard_covers_its_topics(name: str, required: set[str]) -> None:
