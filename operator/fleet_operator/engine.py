@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -187,7 +188,7 @@ class FleetEngine:
         while True:
             try:
                 return await self._api.list_objects(plural, namespace)
-            except (ApiException, OSError, TimeoutError) as exc:
+            except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
                 status = getattr(exc, "status", None)
                 if isinstance(status, int) and status < 500 and status != 429:
                     raise  # 401/403/404: configuration or RBAC, not weather; fail loudly
@@ -385,7 +386,11 @@ class FleetEngine:
         loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
-            next_due = await self.write_pass(loop.time())
+            try:
+                next_due = await self.write_pass(loop.time())
+            except Exception:  # a surprise in one pass must not end reconciliation; the next pass retries
+                log.exception("status write pass failed; retrying")
+                next_due = loop.time() + self._settings.write_retry_seconds
             delay = max(0.0, next_due - loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)

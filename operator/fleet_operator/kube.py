@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -121,7 +122,7 @@ class KubeClient:
             if exc.status == 404:
                 return WriteOutcome.GONE
             raise StatusWriteError(f"PATCH {plural}/{namespace}/{name}/status: {exc.status} {exc.reason}") from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             raise StatusWriteError(f"PATCH {plural}/{namespace}/{name}/status: {type(exc).__name__}: {exc}") from exc
         return WriteOutcome.WRITTEN
 
@@ -153,7 +154,7 @@ class KubeClient:
             await self._core.create_namespaced_event(ref.namespace, body)  # type: ignore[arg-type]
         except ApiException as exc:
             raise StatusWriteError(f"POST event for {ref.kind}/{ref.name}: {exc.status} {exc.reason}") from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             raise StatusWriteError(f"POST event for {ref.kind}/{ref.name}: {type(exc).__name__}") from exc
 
     async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:

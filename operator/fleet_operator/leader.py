@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -158,8 +159,8 @@ class LeaderElector:
                 self.is_leader = False
                 return False
             raise
-        if action is not LeaseAction.RENEW:
-            log.info("acquired lease %s/%s as %s", self._namespace, self._name, self.identity)
+        if not self.is_leader:
+            log.info("leading: holding lease %s/%s as %s", self._namespace, self._name, self.identity)
         self.is_leader = True
         self.last_renewed = self._clock()
         return True
@@ -170,7 +171,7 @@ class LeaderElector:
             try:
                 if await self.try_acquire_or_renew():
                     return True
-            except (ApiException, OSError, TimeoutError) as exc:
+            except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
                 log.warning("lease %s/%s: %s", self._namespace, self._name, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._renew)
@@ -188,7 +189,7 @@ class LeaderElector:
                 if not await self.try_acquire_or_renew():
                     log.error("lost lease %s/%s to another replica", self._namespace, self._name)
                     return
-            except (ApiException, OSError, TimeoutError) as exc:
+            except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
                 log.warning("lease renewal failed: %s", exc)
             if self.last_renewed is not None and self._clock() - self.last_renewed > self.renew_deadline:
                 log.error("could not renew lease within %.1f s: stepping down", self.renew_deadline)
@@ -207,5 +208,5 @@ class LeaderElector:
                 body["spec"]["leaseDurationSeconds"] = 1
                 await self._api.replace_namespaced_lease(self._name, self._namespace, body)  # type: ignore[arg-type]
                 log.info("released lease %s/%s", self._namespace, self._name)
-        except (ApiException, OSError, TimeoutError) as exc:
+        except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
             log.warning("could not release lease: %s", exc)

@@ -111,14 +111,31 @@ async def test_the_operator_needs_nothing_beyond_the_documented_rbac_rules(
     assert "Forbidden" not in log, log
 
 
+@pytest.mark.parametrize(
+    ("lease_duration", "lease_renew"),
+    [(30, 2), (3, 1)],
+    ids=["watches-reconnect", "steps-down-and-leads-again"],
+)
 async def test_the_operator_keeps_reconciling_after_the_api_server_restarts(
-    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
+    fleet_crds: ControlPlane,
+    fleet_namespace: str,
+    tmp_path: Path,
+    operator_processes: list[OperatorProcess],
+    lease_duration: int,
+    lease_renew: int,
 ) -> None:
+    """With a long Lease the operator rides out the outage (kopf reconnects its watches, writes are retried); with
+    a Lease shorter than the outage it steps down, campaigns again and starts a fresh term in the same process."""
     ns = fleet_namespace
     async with SimFleet(2, log_dir=tmp_path / "sim") as fleet:
         fleet_crds.apply(*objects(fleet), namespace=ns)
         operator = OperatorProcess(
-            fleet_crds, ns, tmp_path, identity="survivor", lease_duration_seconds=30, lease_renew_seconds=2
+            fleet_crds,
+            ns,
+            tmp_path,
+            identity="survivor",
+            lease_duration_seconds=lease_duration,
+            lease_renew_seconds=lease_renew,
         )
         operator_processes.append(operator)
         operator.start()
@@ -127,6 +144,8 @@ async def test_the_operator_keeps_reconciling_after_the_api_server_restarts(
             await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: names(o) == {"shard-0", "shard-1"})
         fleet_crds.kill_apiserver()  # every watch and connection drops at once
         await fleet.kill("shard-1")  # ...and the fleet changes while the operator cannot write
+        if lease_duration < 10:  # outlast the renew deadline: the leader must step down before anyone could take over
+            await operator.wait_role("standby")
         await asyncio.to_thread(fleet_crds.start_apiserver)
         async with api_client(fleet_crds.kubeconfig) as api:
             after = await wait_for_object(

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_operator.crds import KINDS, generate_crds
 from support.controlplane import ControlPlane
@@ -68,9 +69,15 @@ async def wait_for_object(
     selector = f"metadata.name={name}"
     async with asyncio.timeout(guard_seconds):
         while True:
-            listing = await custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, field_selector=selector
-            )
+            try:
+                listing = await custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, field_selector=selector
+                )
+            except (ApiException, aiohttp.ClientError) as exc:  # an API server (re)starting: 429, 5xx, refused
+                if isinstance(exc, ApiException) and exc.status != 429 and (exc.status or 0) < 500:
+                    raise
+                await asyncio.sleep(0.5)  # retry pause, not synchronisation
+                continue
             for item in listing["items"]:
                 if predicate(item):
                     return dict(item)
@@ -90,6 +97,8 @@ async def wait_for_object(
                     event = json.loads(line)
                     if event["type"] in ("ADDED", "MODIFIED") and predicate(event["object"]):
                         return dict(event["object"])
+            except aiohttp.ClientError:
+                continue  # the watch broke (API server restarting): list again
             finally:
                 response.release()
 

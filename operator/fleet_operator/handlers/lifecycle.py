@@ -22,6 +22,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.watching.connect_timeout = 10
         settings.watching.reconnect_backoff = 1.0
         settings.networking.request_timeout = 30
+        settings.networking.error_backoffs = [1, 2, 4, 8, 15, 30, 30, 30, 30, 30]  # ride out ~3 min of API outage
         settings.process.ultimate_exiting_timeout = None  # the runner shuts down gracefully (flush, release Lease)
 
     @kopf.on.login(registry=registry)

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -201,7 +202,7 @@ class KubernetesShardSource:
                 except _Gone:
                     log.info("RolloutFleet %s/%s: watch expired (410 Gone); re-listing", self.namespace, self.fleet)
                     continue
-                except (ApiException, OSError, TimeoutError, ValueError) as exc:
+                except (ApiException, OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
                     pause = delay * random.uniform(0.5, 1.0)
                     log.warning(
                         "RolloutFleet %s/%s: %s; reconnecting in %.1f s",
