@@ -53,8 +53,8 @@ _HELP = {
     "rollout_last_commit_timestamp_seconds stops moving is a stall.",
     "rollout_attempt_duration_seconds": "Duration of rollout attempts on a shard, by outcome. A growing "
     "infra_failure tail means attempts hang until a timeout or probe catches them.",
-    "rollout_last_commit_timestamp_seconds": "Unix time a prompt last finished (completed or data-failed). time() "
-    "minus this is how long the run has made no progress.",
+    "rollout_last_commit_timestamp_seconds": "Unix time a prompt last finished (completed or data-failed), or the "
+    "first run started. time() minus this is how long the run has made no progress.",
     "rollout_ejections": "Passive ejections of a shard after an infra failure on it. A shard that keeps reappearing "
     "is flapping or sick in a way its probe does not see.",
     "rollout_healthy_shards": "Shards this runtime routes to: the healthy set it sees minus the shards it ejected. "

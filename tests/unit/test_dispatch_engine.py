@@ -541,3 +541,20 @@ async def test_ledger_lines_are_json_with_the_documented_fields(tmp_path: Path) 
         "prompt_preview",
     }
     assert len(entry["prompt_preview"]) == 200
+
+
+@pytest.mark.looptime
+async def test_last_commit_time_starts_with_the_first_run_so_a_run_that_never_commits_is_a_stall() -> None:
+    """The RolloutStall alert reads time() - rollout_last_commit_timestamp_seconds; it must not stay 0 forever."""
+    source = ControlledSource([])
+    async with Dispatcher(source, DispatchPolicy(healthy_wait_seconds=60)) as dispatcher:
+        assert value(dispatcher, "rollout_last_commit_timestamp_seconds") == 0
+        run = dispatcher.run(["p"], echo_rollout())
+        consumer = asyncio.create_task(collect(run))
+        await asyncio.sleep(0)  # one scheduling turn: the consumer's first __anext__ starts the run synchronously
+        started = value(dispatcher, "rollout_last_commit_timestamp_seconds")
+        assert started > 0
+        source.publish(make_shards("late"))
+        outcomes = await consumer
+    assert len(outcomes) == 1
+    assert value(dispatcher, "rollout_last_commit_timestamp_seconds") >= started

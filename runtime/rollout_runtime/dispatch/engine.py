@@ -338,6 +338,9 @@ class Dispatcher:
             return
         for state in run.states:
             run.ready.put_nowait(state)
+        if self._last_commit_wall is None:
+            # Progress is measured from the first run's start, so a run that never commits still shows as a stall.
+            self._last_commit_wall = self.metrics.last_commit_timestamp = self.clock.wall()
         workers = len(run.states)
         if self.policy.max_concurrency is not None:
             workers = min(workers, self.policy.max_concurrency)
