@@ -72,6 +72,15 @@ class FleetMetrics:
             registry=r,
         )
 
+    def clear_state(self) -> None:
+        """Drop every state gauge when a leadership term ends.
+
+        A standby's view is not the fleet's: alerts aggregate replicas with ``max by``, so a stale "2 healthy" left
+        by a former leader would hide the new leader's "0 healthy". Counters stay: they are history, not state.
+        """
+        for gauge in (self.shard_healthy, self.healthy_shards, self.shards):
+            gauge.clear()
+
     def forget_target(self, namespace: str, kind: str, name: str) -> None:
         """Drop a deleted target's series (keeps the label set bounded by live objects)."""
         with contextlib.suppress(KeyError):

@@ -174,6 +174,7 @@ class OperatorRun:
                 await self._flush(engine)
             return lost.is_set()
         finally:
+            self.metrics.clear_state()  # only the leader speaks for the fleet
             if hold is not None and not hold.done():
                 hold.cancel()
             if self._prober is None and isinstance(prober, HttpProber):

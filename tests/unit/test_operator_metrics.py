@@ -62,3 +62,19 @@ def test_a_deleted_targets_series_is_removed() -> None:
         )
         is None
     )
+
+
+def test_a_former_leader_exports_no_fleet_state() -> None:
+    """After a leadership term the state gauges are gone (a stale 'healthy' must not mask the new leader's 0)."""
+    metrics = FleetMetrics()
+    metrics.shard_healthy.labels("ns", "GenerationShard", "a").set(1)
+    metrics.healthy_shards.labels("ns", "fleet").set(2)
+    metrics.shards.labels("ns", "fleet").set(2)
+    metrics.status_writes_total.labels("GenerationShard").inc()
+    metrics.clear_state()
+    r = metrics.registry
+    assert r.get_sample_value("fleet_healthy_shards", {"namespace": "ns", "fleet": "fleet"}) is None
+    assert r.get_sample_value("fleet_shards", {"namespace": "ns", "fleet": "fleet"}) is None
+    shard = {"namespace": "ns", "kind": "GenerationShard", "name": "a"}
+    assert r.get_sample_value("fleet_shard_healthy", shard) is None
+    assert r.get_sample_value("fleet_status_writes_total", {"kind": "GenerationShard"}) == 1
