@@ -17,6 +17,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         ("classification.py", "8-deep chain"),
         ("failover.py", "failover ratios vs rollout-fleet"),
         ("dispatch_overhead.py", "Dispatcher                  :"),
+        ("dispatch_scale.py", "dispatch scale ratios"),
+        ("operator_scale.py", "operator scale ratios"),
     ],
 )
 def test_benchmark_smoke_run(script: str, expected: str) -> None:

@@ -1,0 +1,219 @@
+"""Benchmark 2: Dispatcher overhead and scale, each number beside a bare loop measured in the same run.
+
+Extends bench/dispatch_overhead.py (the dispatch engineer's; its zero-latency rollout, bare semaphore loop and
+timer are reused here, not copied) along the axes the issue asks for:
+
+A. queue and concurrency: 1k, 10k, 100k prompts x 10, 100, 1,000 concurrent, zero-latency in-process rollouts
+   (dispatch_overhead's ``yields_once``: one trip through the event loop, as any real I/O makes);
+   microseconds per attempt for the bare asyncio loop and the Dispatcher, their ratio, and the growth of the
+   Dispatcher's per-attempt cost from the smallest to the largest queue (linear total cost = flat per attempt;
+   quadratic would multiply it by the queue growth, 100x).
+B. shard count: 10k prompts, 100 concurrent, 1 to 1,000 shards in the healthy set. Selection scans the healthy set
+   once per attempt (by design, see rollout_runtime.dispatch.selection), so the per-attempt cost grows with the
+   shard count (linear), never with shards x queue.
+C. real HTTP: fast simulated shards (real subprocesses, no added latency); a raw aiohttp loop (one session,
+   round-robin, semaphore), the same loop through GenerationClient, and the Dispatcher with GenerationClient. What
+   the dispatcher adds on top of real requests, at 10 and 100 concurrent.
+
+    python bench/dispatch_scale.py            # full run (~5 minutes)
+    python bench/dispatch_scale.py --smoke    # tiny sizes (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dispatch_overhead import Rollout, bare_semaphore_loop, timed, yields_once
+
+from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
+from rollout_runtime.generation import GenerationClient
+from rollout_runtime.shards import Shard, StaticShardSource
+from rollout_runtime.sim import SimFleet
+
+MARKER = "dispatch scale ratios"
+
+
+def shards_of(count: int) -> list[Shard]:
+    return [Shard(name=f"shard-{i:04d}", endpoint=f"http://127.0.0.1:{10000 + i}") for i in range(count)]
+
+
+def dispatcher_over(shards: Sequence[Shard]) -> Callable[[list[int], int, Rollout], Coroutine[Any, Any, int]]:
+    """dispatch_overhead's dispatcher loop, over a healthy set of any size (a fresh private metrics registry)."""
+
+    async def loop(prompts: list[int], concurrency: int, rollout: Rollout) -> int:
+        policy = DispatchPolicy(max_concurrency=concurrency)
+        done = 0
+        async with Dispatcher(StaticShardSource(shards), policy, registry=CollectorRegistry()) as dispatcher:
+            async for outcome in dispatcher.run(prompts, rollout):
+                done += isinstance(outcome, Completed)
+        return done
+
+    loop.__name__ = f"dispatcher_{len(shards)}_shards"
+    return loop
+
+
+def best_us(
+    runner: Callable[[list[int], int, Rollout], Coroutine[Any, Any, int]], count: int, concurrency: int, repeat: int
+) -> float:
+    """Best microseconds per attempt; the rollout yields to the loop once (as real I/O does) and returns."""
+    prompts = list(range(count))
+    return min(timed(runner, prompts, concurrency, yields_once) for _ in range(repeat)) / count * 1e6
+
+
+# -- A. queue x concurrency -------------------------------------------------------------------------------------
+
+
+def queue_and_concurrency(counts: Sequence[int], concurrencies: Sequence[int], repeat: int) -> dict[str, float]:
+    print(
+        f"A. zero-latency rollouts (yield once), 4 shards: us per attempt (best of {repeat}), "
+        "bare asyncio loop vs Dispatcher"
+    )
+    print(f"   {'prompts':>8} {'concurrent':>10} {'bare us':>8} {'dispatcher us':>13} {'ratio':>6} {'attempts/s':>11}")
+    shards = shards_of(4)
+    ours: dict[tuple[int, int], float] = {}
+    ratios: list[float] = []
+    for count, concurrency in itertools.product(counts, concurrencies):
+        bare = ours_us = float("inf")
+        for _ in range(repeat):  # interleaved, so drift in machine load hits both alike
+            bare = min(bare, best_us(bare_semaphore_loop, count, concurrency, 1))
+            ours_us = min(ours_us, best_us(dispatcher_over(shards), count, concurrency, 1))
+        ours[count, concurrency] = ours_us
+        ratios.append(ours_us / bare)
+        print(
+            f"   {count:>8,} {concurrency:>10,} {bare:8.2f} {ours_us:13.2f} {ours_us / bare:5.2f}x "
+            f"{1e6 / ours_us:>11,.0f}"
+        )
+    growth = max(ours[counts[-1], c] / ours[counts[0], c] for c in concurrencies)
+    return {"median ratio": statistics.median(ratios), "queue growth": growth}
+
+
+# -- B. shard count ---------------------------------------------------------------------------------------------
+
+
+def shard_count(count: int, concurrency: int, shard_counts: Sequence[int], repeat: int) -> dict[str, float]:
+    print(f"\nB. shard count: {count:,} zero-latency prompts, {concurrency} concurrent: us per attempt")
+    print(f"   {'shards':>7} {'dispatcher us':>13} {'us per shard':>13}")
+    results: dict[int, float] = {}
+    for shards in shard_counts:
+        results[shards] = best_us(dispatcher_over(shards_of(shards)), count, concurrency, repeat)
+        extra = (results[shards] - results[shard_counts[0]]) / max(shards - shard_counts[0], 1)
+        print(f"   {shards:>7,} {results[shards]:13.2f} {extra * 1000:10.1f} ns")
+    first, last = shard_counts[0], shard_counts[-1]
+    return {"shard growth": results[last] / results[first], "shard factor": last / first}
+
+
+# -- C. real HTTP -----------------------------------------------------------------------------------------------
+
+
+async def raw_aiohttp(shards: Sequence[Shard], prompts: list[str], concurrency: int) -> int:
+    semaphore = asyncio.Semaphore(concurrency)
+    ok = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+
+        async def one(index: int, prompt: str) -> None:
+            nonlocal ok
+            shard = shards[index % len(shards)]
+            payload = {"model": shard.model, "prompt": prompt, "max_tokens": 16}
+            async with semaphore, session.post(shard.endpoint + "/v1/completions", json=payload) as response:
+                await response.read()
+                ok += response.status == 200
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return ok
+
+
+async def generation_client_loop(shards: Sequence[Shard], prompts: list[str], concurrency: int) -> int:
+    semaphore = asyncio.Semaphore(concurrency)
+    async with GenerationClient(max_connections=concurrency) as client:
+
+        async def one(index: int, prompt: str) -> bool:
+            async with semaphore:
+                await client.complete(shards[index % len(shards)], prompt, max_tokens=16)
+                return True
+
+        return sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+async def dispatcher_http(shards: Sequence[Shard], prompts: list[str], concurrency: int) -> int:
+    policy = DispatchPolicy(max_concurrency=concurrency)
+    done = 0
+    async with (
+        GenerationClient(max_connections=concurrency) as client,
+        Dispatcher(StaticShardSource(shards), policy, registry=CollectorRegistry()) as dispatcher,
+    ):
+
+        async def rollout(shard: Shard, prompt: str) -> str:
+            return (await client.complete(shard, prompt, max_tokens=16)).text
+
+        async for outcome in dispatcher.run(prompts, rollout):
+            done += isinstance(outcome, Completed)
+    return done
+
+
+async def real_http(count: int, concurrencies: Sequence[int], sims: int, repeat: int) -> dict[str, float]:
+    print(
+        f"\nC. real HTTP: {count:,} prompts to {sims} fast sim shards (real processes): "
+        f"us per request, best of {repeat}"
+    )
+    print(f"   {'concurrent':>10} {'raw aiohttp':>11} {'GenerationClient':>16} {'Dispatcher':>10} {'disp/raw':>8}")
+    prompts = [f"What is {i} + {i % 97}?" for i in range(count)]
+    loops = {"raw": raw_aiohttp, "client": generation_client_loop, "dispatcher": dispatcher_http}
+    ratios = []
+    async with SimFleet(sims) as fleet:
+        shards = fleet.shards
+        for concurrency in concurrencies:
+            best = dict.fromkeys(loops, float("inf"))
+            for _ in range(repeat):  # interleaved
+                for name, loop in loops.items():
+                    start = time.perf_counter()
+                    done = await loop(shards, prompts, concurrency)
+                    elapsed = time.perf_counter() - start
+                    if done != count:
+                        raise RuntimeError(f"{name} completed {done} of {count}")
+                    best[name] = min(best[name], elapsed / count * 1e6)
+            ratios.append(best["dispatcher"] / best["raw"])
+            print(
+                f"   {concurrency:>10} {best['raw']:11.1f} {best['client']:16.1f} {best['dispatcher']:10.1f} "
+                f"{ratios[-1]:7.2f}x"
+            )
+    return {"http ratio": max(ratios)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    args = parser.parse_args()
+    if args.smoke:
+        a = queue_and_concurrency([100, 1_000], [10, 100], repeat=1)
+        b = shard_count(1_000, 10, [1, 100], repeat=1)
+        c = asyncio.run(real_http(200, [10], sims=2, repeat=1))
+    else:
+        a = queue_and_concurrency([1_000, 10_000, 100_000], [10, 100, 1_000], repeat=3)
+        b = shard_count(10_000, 100, [1, 10, 100, 1_000], repeat=3)
+        c = asyncio.run(real_http(5_000, [10, 100], sims=4, repeat=3))
+    print(f"\n{MARKER}:")
+    print(f"  Dispatcher / bare loop, zero-latency (median over the grid): {a['median ratio']:.2f}x")
+    print(f"  per-attempt cost, largest queue / smallest (linear = ~1x):   {a['queue growth']:.2f}x")
+    print(
+        f"  per-attempt cost, {b['shard factor']:.0f}x the shards:                  {b['shard growth']:.2f}x "
+        "(linear scan per attempt)"
+    )
+    print(f"  Dispatcher + GenerationClient / raw aiohttp, real HTTP (worst): {c['http ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,607 @@
+"""Benchmark 3: the operator at scale on the real kube-apiserver.
+
+1,000 GenerationShards across 10 RolloutFleets (served by a handful of simulated shard processes: many shards share
+an endpoint, which the operator probes once per shard like any other), the real etcd + kube-apiserver from the test
+tool cache, and ``rollout-fleet operator`` as its own process. Measured:
+
+- operator CPU (share of one core) and peak RSS over a steady window, beside a same-run baseline: a bare
+  HealthMonitor + HttpProber (the runtime's probe loop, no Kubernetes) probing the same targets at the same period;
+- probes per second sustained (``fleet_probe_duration_seconds_count``) against the nominal shards / period;
+- status writes per second, from the operator (``fleet_status_writes_total``) and from the apiserver's own
+  ``apiserver_request_total`` (PATCH .../status), against the budget: health transitions plus one heartbeat per
+  shard and per fleet per ``status_heartbeat_seconds`` (60 s);
+- time from SIGKILL of a simulated shard process to its shards leaving the fleet's published healthy set, against
+  the detection bound failureThreshold x periodSeconds.
+
+    python bench/operator_scale.py            # full: 1000 shards, 10 fleets, 5 s probes, 120 s window (~5 min)
+    python bench/operator_scale.py --smoke    # 20 shards, 2 fleets (CI)
+
+Needs kube-apiserver and etcd from ``bash scripts/install-tools.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.controlplane import ControlPlane  # noqa: E402
+from support.processes import ManagedProcess, free_port, wait_until  # noqa: E402
+
+MARKER = "operator scale ratios"
+ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")
+NAMESPACE = "bench"
+GROUP = "rolloutfleet.dev/v1alpha1"
+HEARTBEAT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Scale:
+    shards: int
+    fleets: int
+    sims: int
+    """Simulated shard processes serving the shards (plus one victim process that is killed)."""
+    victims: int
+    """Shards of fleet-0 served by the victim process."""
+    period: float
+    timeout: float
+    failure_threshold: int
+    window: float
+    """Steady-state measurement window (seconds)."""
+    baseline_window: float
+
+
+FULL = Scale(
+    shards=1000,
+    fleets=10,
+    sims=8,
+    victims=10,
+    period=5.0,
+    timeout=2.0,
+    failure_threshold=3,
+    window=120.0,
+    baseline_window=60.0,
+)
+SMOKE = Scale(
+    shards=20,
+    fleets=2,
+    sims=2,
+    victims=2,
+    period=1.0,
+    timeout=0.5,
+    failure_threshold=2,
+    window=6.0,
+    baseline_window=4.0,
+)
+
+
+# -- processes and measurements --------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape(url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> str:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        return str(response.read().decode())
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (Prometheus text format)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        match = re.match(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+@dataclass
+class Sims:
+    """Sim shard processes on 127.0.0.1 (ManagedProcess: stopped by pid)."""
+
+    processes: list[ManagedProcess]
+    ports: list[int]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+@contextmanager
+def sim_processes(count: int, log_dir: Path) -> Iterator[Sims]:
+    ports = [free_port() for _ in range(count)]
+    processes = [
+        ManagedProcess(
+            f"sim-{i}",
+            [
+                sys.executable,
+                "-m",
+                "rollout_runtime.cli.sim_shard",
+                "--port",
+                str(port),
+                "--model",
+                "sim-model",
+                "--exit-with-parent",
+            ],
+            log_dir / f"sim-{i}.log",
+        )
+        for i, port in enumerate(ports)
+    ]
+    sims = Sims(processes, ports)
+    try:
+        for process in processes:
+            process.start()
+        for process, port in zip(processes, ports, strict=True):
+            wait_until(
+                lambda port=port: _http_ok(f"http://127.0.0.1:{port}/health"),
+                timeout=60,
+                what=process.name,
+                process=process,
+            )
+        yield sims
+    finally:
+        sims.stop()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+# -- the objects -------------------------------------------------------------------------------------------------
+
+
+def shard_endpoints(scale: Scale, ports: Sequence[int], victim_port: int) -> dict[str, tuple[str, str]]:
+    """Shard name -> (fleet, endpoint). The first ``victims`` shards of fleet-0 are served by the victim process."""
+    layout: dict[str, tuple[str, str]] = {}
+    victims = 0
+    for i in range(scale.shards):
+        fleet = f"fleet-{i % scale.fleets}"
+        if fleet == "fleet-0" and victims < scale.victims:
+            port, victims = victim_port, victims + 1
+        else:
+            port = ports[i % len(ports)]
+        layout[f"shard-{i:04d}"] = (fleet, f"http://127.0.0.1:{port}")
+    return layout
+
+
+def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    probe = {
+        "periodSeconds": scale.period,
+        "timeoutSeconds": scale.timeout,
+        "failureThreshold": scale.failure_threshold,
+        "successThreshold": 2,
+    }
+    shards = [
+        {
+            "apiVersion": GROUP,
+            "kind": "GenerationShard",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"fleet": fleet}},
+            "spec": {"endpoint": endpoint, "model": "sim-model", "probe": probe},
+        }
+        for name, (fleet, endpoint) in layout.items()
+    ]
+    fleets = [
+        {
+            "apiVersion": GROUP,
+            "kind": "RolloutFleet",
+            "metadata": {"name": f"fleet-{f}", "namespace": NAMESPACE},
+            "spec": {"shardSelector": {"matchLabels": {"fleet": f"fleet-{f}"}}},
+        }
+        for f in range(scale.fleets)
+    ]
+    return shards + fleets
+
+
+def create(plane: ControlPlane, items: list[dict[str, Any]], chunk: int = 200) -> None:
+    for start in range(0, len(items), chunk):
+        document = {"apiVersion": "v1", "kind": "List", "items": items[start : start + chunk]}
+        plane.kubectl("create", "-f", "-", input=json.dumps(document), timeout=300)
+
+
+class Api:
+    """Tiny admin client for polling (urllib: no client library in the measurement loop)."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.base = plane.url
+        self.token = plane.token
+        self.context = ssl.create_default_context(cafile=str(plane.ca_file))
+
+    def get(self, path: str) -> Any:
+        return json.loads(scrape(self.base + path, self.context, self.token))
+
+    def fleets(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get(f"/apis/{GROUP}/namespaces/{NAMESPACE}/rolloutfleets")["items"]
+        return items
+
+    def metrics(self) -> str:
+        return scrape(self.base + "/metrics", self.context, self.token)
+
+
+def status_patch_seconds(api_metrics: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the apiserver's PATCH .../status request durations for our resources."""
+    labels = {"verb": "PATCH", "group": "rolloutfleet.dev", "subresource": "status"}
+    total = count = 0.0
+    for resource in ("generationshards", "rolloutfleets"):
+        total += metric_sum(api_metrics, "apiserver_request_duration_seconds_sum", resource=resource, **labels)
+        count += metric_sum(api_metrics, "apiserver_request_duration_seconds_count", resource=resource, **labels)
+    return total, count
+
+
+def status_patches(api_metrics: str) -> float:
+    """PATCHes of our resources' status subresource the apiserver has served."""
+    return sum(
+        metric_sum(
+            api_metrics,
+            "apiserver_request_total",
+            verb="PATCH",
+            group="rolloutfleet.dev",
+            resource=resource,
+            subresource="status",
+        )
+        for resource in ("generationshards", "rolloutfleets")
+    )
+
+
+# -- the bare-prober baseline ------------------------------------------------------------------------------------
+
+
+async def bare_prober(targets_file: Path, seconds: float) -> None:
+    """Probe the same targets with the runtime's HealthMonitor and nothing else. Prints a line once the first round
+    is done (imports and the first burst are not steady state), then the probes of the next ``seconds``."""
+    from rollout_runtime.health import HealthMonitor, HttpProber, ProbeSettings, ProbeTarget, ProbeTargetPolicy
+
+    spec = json.loads(targets_file.read_bytes())  # noqa: ASYNC240 (once, before the loop starts)
+    settings = ProbeSettings(
+        period_seconds=spec["period"],
+        timeout_seconds=spec["timeout"],
+        failure_threshold=spec["failure_threshold"],
+        success_threshold=2,
+    )
+    targets = [ProbeTarget(name, endpoint, settings, "sim-model") for name, endpoint in spec["targets"].items()]
+    probes = 0
+    start: float | None = None
+    async with HttpProber(ProbeTargetPolicy.local()) as prober:
+        monitor = HealthMonitor(targets, prober, max_concurrency=128)  # the operator's default probe concurrency
+        async for round_ in monitor.rounds():  # count the probes that finished in [start, start + seconds)
+            if start is None:
+                start = time.time()
+                print("ready", flush=True)
+                continue
+            probes += sum(start <= result.at < start + seconds for result in round_.results.values())
+            if time.time() >= start + seconds:
+                break
+    print(json.dumps({"probes": probes, "seconds": seconds}), flush=True)
+
+
+def run_baseline(scale: Scale, layout: dict[str, tuple[str, str]], workdir: Path) -> tuple[float, float, float]:
+    """(CPU share of one core, peak RSS MiB, probes/s) of the bare prober in steady state."""
+    targets = workdir / "targets.json"
+    targets.write_text(
+        json.dumps(
+            {
+                "period": scale.period,
+                "timeout": scale.timeout,
+                "failure_threshold": scale.failure_threshold,
+                "targets": {n: e for n, (_f, e) in layout.items()},
+            }
+        )
+    )
+    argv = [sys.executable, __file__, "--bare-prober", str(targets), "--seconds", str(scale.baseline_window)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the bare prober did not start")
+        cpu0, t0, peak = cpu_seconds(process.pid), time.monotonic(), 0.0
+        cpu1, t1 = cpu0, t0
+        while process.poll() is None and time.monotonic() - t0 < scale.baseline_window:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+                cpu1, t1, peak = cpu_seconds(process.pid), time.monotonic(), max(peak, rss_mib(process.pid))
+            time.sleep(0.25)
+        out, _ = process.communicate(timeout=60)
+    done = json.loads(out.strip().splitlines()[-1])
+    return (cpu1 - cpu0) / max(t1 - t0, 1e-9), peak, done["probes"] / done["seconds"]
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    settle_seconds: float
+    cpu_share: float
+    rss_peak: float
+    probes_per_second: float
+    writes_operator: float
+    writes_apiserver: float
+    transitions: float
+    budget: float
+    apiserver_cpu_share: float
+    patch_ms: float
+    """Mean apiserver-side duration of one status PATCH in the window."""
+    drop: Drop
+    baseline_cpu: float
+    baseline_rss: float
+    baseline_probes: float
+
+
+def run(scale: Scale, keep: bool, crds: Path) -> Result:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    plane = ControlPlane(workdir / "plane")
+    try:
+        t = time.monotonic()
+        plane.start()
+        print(f"  control plane up in {time.monotonic() - t:.1f}s")
+        plane.kubectl("apply", "-f", str(crds))
+        for plural in ("generationshards", "environmentservers", "rolloutfleets"):
+            plane.kubectl("wait", "--for=condition=Established", f"crd/{plural}.rolloutfleet.dev", "--timeout=60s")
+        for plural in ("generationshards", "environmentservers", "rolloutfleets"):  # a new CRD answers 429 a moment
+            wait_until(
+                lambda plural=plural: plane.kubectl("get", plural, "-A", check=False).returncode == 0,
+                timeout=60,
+                what=f"{plural} served",
+            )
+        plane.create_namespace(NAMESPACE)
+        with sim_processes(scale.sims + 1, workdir / "sims") as sims:
+            victim_process, victim_port = sims.processes[-1], sims.ports[-1]
+            layout = shard_endpoints(scale, sims.ports[:-1], victim_port)
+            t = time.monotonic()
+            create(plane, objects(scale, layout))
+            print(
+                f"  created {scale.shards} GenerationShards and {scale.fleets} RolloutFleets in "
+                f"{time.monotonic() - t:.1f}s"
+            )
+            baseline_cpu, baseline_rss, baseline_probes = run_baseline(scale, layout, workdir)
+            print(f"  baseline bare prober: {baseline_cpu:.1%} CPU, {baseline_probes:.0f} probes/s")
+            return measure_operator(
+                scale, plane, victim_process, layout, workdir, (baseline_cpu, baseline_rss, baseline_probes)
+            )
+    finally:
+        plane.stop()
+        if keep:
+            print(f"  kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def measure_operator(
+    scale: Scale,
+    plane: ControlPlane,
+    victim: ManagedProcess,
+    layout: dict[str, tuple[str, str]],
+    workdir: Path,
+    baseline: tuple[float, float, float],
+) -> Result:
+    api = Api(plane)
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLEET_OPERATOR_KUBECONFIG": str(plane.kubeconfig),
+        "FLEET_OPERATOR_NAMESPACES": NAMESPACE,
+        "FLEET_OPERATOR_LEADER_ELECTION": "false",
+        "FLEET_OPERATOR_PROBE_ALLOW_LOOPBACK": "true",
+        "FLEET_OPERATOR_HTTP_HOST": "127.0.0.1",
+        "FLEET_OPERATOR_HTTP_PORT": str(port),
+        "FLEET_OPERATOR_LOG_LEVEL": "WARNING",
+        "FLEET_OPERATOR_STATUS_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+    }
+    operator = ManagedProcess("operator", [ROLLOUT_FLEET, "operator"], workdir / "operator.log", env=env)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    started = time.monotonic()
+    operator.start()
+    try:
+        wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=120, what="operator /readyz", process=operator
+        )
+
+        def all_ready() -> bool:
+            fleets = api.fleets()
+            return len(fleets) == scale.fleets and all(
+                f.get("status", {}).get("readyShards") == f.get("status", {}).get("totalShards", -1) > 0 for f in fleets
+            )
+
+        wait_until(all_ready, timeout=max(600.0, 20 * scale.period), what="every fleet fully healthy", process=operator)
+        settle = time.monotonic() - started
+        print(f"  operator: every fleet fully healthy {settle:.1f}s after start")
+        time.sleep(min(scale.period, 5.0))  # let the first heartbeat wave and startup writes pass
+        pid = operator.pid
+        assert pid is not None
+        apiserver_pid = plane.apiserver.pid
+        assert apiserver_pid is not None
+        before_op, before_api = scrape(metrics_url), api.metrics()
+        cpu0, api_cpu0, t0, peak = cpu_seconds(pid), cpu_seconds(apiserver_pid), time.monotonic(), 0.0
+        while time.monotonic() - t0 < scale.window:
+            peak = max(peak, rss_mib(pid))
+            time.sleep(0.5)
+        elapsed = time.monotonic() - t0
+        cpu1, api_cpu1 = cpu_seconds(pid), cpu_seconds(apiserver_pid)
+        after_op, after_api = scrape(metrics_url), api.metrics()
+
+        def delta(name: str, **labels: str) -> float:
+            return metric_sum(after_op, name, **labels) - metric_sum(before_op, name, **labels)
+
+        probes = delta("fleet_probe_duration_seconds_count", kind="GenerationShard")
+        writes = delta("fleet_status_writes_total")
+        transitions = delta("fleet_health_transitions_total")
+        patches = status_patches(after_api) - status_patches(before_api)
+        (sum1, n1), (sum0, n0) = status_patch_seconds(after_api), status_patch_seconds(before_api)
+        budget = transitions + (scale.shards + scale.fleets) * elapsed / HEARTBEAT_SECONDS
+        drop = time_to_drop(scale, api, victim, layout)
+        return Result(
+            settle_seconds=settle,
+            cpu_share=(cpu1 - cpu0) / elapsed,
+            rss_peak=peak,
+            probes_per_second=probes / elapsed,
+            writes_operator=writes / elapsed,
+            writes_apiserver=patches / elapsed,
+            transitions=transitions,
+            budget=budget / elapsed,
+            apiserver_cpu_share=(api_cpu1 - api_cpu0) / elapsed,
+            patch_ms=(sum1 - sum0) / (n1 - n0) * 1000 if n1 > n0 else 0.0,
+            drop=drop,
+            baseline_cpu=baseline[0],
+            baseline_rss=baseline[1],
+            baseline_probes=baseline[2],
+        )
+    finally:
+        operator.stop()
+
+
+@dataclass
+class Drop:
+    """Seconds from SIGKILL of the victim process to each step of the news reaching the fleet's status."""
+
+    shard_unhealthy: float | None = None
+    """The first victim shard's own status says Unhealthy (probes detected it, its status was written)."""
+    first_out: float | None = None
+    """The first victim shard left fleet-0's published healthy set."""
+    all_out: float | None = None
+    """Every victim shard left it."""
+
+
+def time_to_drop(scale: Scale, api: Api, victim: ManagedProcess, layout: dict[str, tuple[str, str]]) -> Drop:
+    """SIGKILL the victim process and watch its shards' statuses and fleet-0's published healthy set."""
+    victims = {name for name, (_fleet, endpoint) in layout.items() if endpoint.endswith(f":{_port(victim)}")}
+    fleet_path = f"/apis/{GROUP}/namespaces/{NAMESPACE}/rolloutfleets/fleet-0"
+    shard_path = f"/apis/{GROUP}/namespaces/{NAMESPACE}/generationshards/{min(victims)}"
+    drop = Drop()
+    victim.kill()
+    killed = time.monotonic()
+    deadline = killed + 10 * scale.failure_threshold * scale.period + 30
+    while time.monotonic() < deadline:
+        listed = {entry["name"] for entry in api.get(fleet_path).get("status", {}).get("shards", [])}
+        phase = api.get(shard_path).get("status", {}).get("phase") if drop.shard_unhealthy is None else None
+        remaining = victims & listed
+        now = time.monotonic() - killed
+        if phase == "Unhealthy":
+            drop.shard_unhealthy = now
+        if drop.first_out is None and len(remaining) < len(victims):
+            drop.first_out = now
+        if not remaining:
+            drop.all_out = now
+            break
+        time.sleep(0.05)
+    while drop.shard_unhealthy is None and time.monotonic() < deadline:
+        if api.get(shard_path).get("status", {}).get("phase") == "Unhealthy":
+            drop.shard_unhealthy = time.monotonic() - killed
+        time.sleep(0.05)
+    return drop
+
+
+def _port(process: ManagedProcess) -> str:
+    return str(process.argv[process.argv.index("--port") + 1])
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+
+
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
+
+
+def report(scale: Scale, r: Result) -> None:
+    nominal = scale.shards / scale.period
+    bound = scale.failure_threshold * scale.period
+    print(
+        f"\n{scale.shards} GenerationShards, {scale.fleets} fleets, probes every {scale.period:g}s "
+        f"(timeout {scale.timeout:g}s, failureThreshold {scale.failure_threshold}), "
+        f"window {scale.window:g}s"
+    )
+    print(f"  all fleets fully healthy after operator start:  {r.settle_seconds:8.1f} s")
+    print(f"  operator CPU (share of one core):               {r.cpu_share:8.1%}   bare prober {r.baseline_cpu:.1%}")
+    print(
+        f"  operator peak RSS:                              {r.rss_peak:8.0f} MiB bare prober {r.baseline_rss:.0f} MiB"
+    )
+    print(
+        f"  probes per second sustained:                    {r.probes_per_second:8.1f}   nominal {nominal:.1f}, "
+        f"bare prober {r.baseline_probes:.1f}"
+    )
+    print(f"  status writes/s (operator metric):              {r.writes_operator:8.2f}")
+    print(f"  status PATCHes/s (apiserver_request_total):     {r.writes_apiserver:8.2f}")
+    print(f"  write budget/s (transitions {r.transitions:.0f} + 1 heartbeat/target/min): {r.budget:8.2f}")
+    print(f"  kube-apiserver CPU (share of one core):         {r.apiserver_cpu_share:8.1%}")
+    print(
+        f"  status PATCH duration at the apiserver (mean):  {r.patch_ms:8.1f} ms -> one sequential writer is busy "
+        f"{r.writes_apiserver * r.patch_ms / 1000:.0%} of the time"
+    )
+    d = r.drop
+    print(
+        f"  SIGKILL of the process serving {scale.victims} shards -> a victim's own status Unhealthy: "
+        f"{_s(d.shard_unhealthy)} s; first / all victims out of the fleet's healthy set: {_s(d.first_out)} / "
+        f"{_s(d.all_out)} s (detection bound failureThreshold x period = {bound:g} s)"
+    )
+    print(f"\n{MARKER}:")
+    print(f"  operator CPU / bare prober CPU:      {r.cpu_share / r.baseline_cpu:6.2f}x" if r.baseline_cpu else "")
+    print(f"  probes/s / nominal:                  {r.probes_per_second / nominal:6.2f}x")
+    print(f"  apiserver status writes / budget:    {r.writes_apiserver / r.budget:6.2f}x  (target <= 1)")
+    print(
+        f"  operator-counted writes / apiserver: {r.writes_operator / r.writes_apiserver:6.2f}x"
+        if r.writes_apiserver
+        else "  operator-counted writes / apiserver: no writes"
+    )
+    if d.all_out is not None:
+        print(f"  death -> fleet status / bound:       {d.all_out / bound:6.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--shards", type=int, help="override the shard count")
+    parser.add_argument("--window", type=float, help="override the steady window (seconds)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, etcd data)")
+    parser.add_argument("--crds", type=Path, default=REPO / "crds", help="CRD directory to install (default: crds/)")
+    parser.add_argument("--bare-prober", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_prober is not None:
+        asyncio.run(bare_prober(args.bare_prober, args.seconds))
+        return
+    scale = SMOKE if args.smoke else FULL
+    if args.shards:
+        scale = Scale(**{**vars(scale), "shards": args.shards})
+    if args.window:
+        scale = Scale(**{**vars(scale), "window": args.window})
+    print(f"operator scale benchmark: {scale}")
+    report(scale, run(scale, args.keep, args.crds))
+
+
+if __name__ == "__main__":
+    main()
