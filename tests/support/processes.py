@@ -8,14 +8,29 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _LIVE: set[ManagedProcess] = set()  # started and not yet reaped: stopped at exit if a teardown never ran
+
+
+def _die_with_parent_prefix() -> list[str]:
+    """``setpriv --pdeathsig KILL``: the child is killed when the thread that started it dies.
+
+    That covers what no teardown or atexit can: pytest killed by a CI timeout or SIGKILL would otherwise leave etcd,
+    kube-apiserver and prometheus running. The death signal follows the starting *thread*, so it is only used from
+    the main thread (a worker thread, e.g. ``asyncio.to_thread``, may end long before the session does).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--"]  # nobody is left to wait for a graceful exit
 
 
 def free_port() -> int:
@@ -77,7 +92,7 @@ class ManagedProcess:
             log.write(f"\n=== {time.strftime('%H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(
-                self.argv,
+                [*_die_with_parent_prefix(), *self.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
