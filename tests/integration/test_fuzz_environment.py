@@ -8,7 +8,8 @@ objects shaped like its episode request with fuzzed field values, on every route
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,17 @@ from hypothesis import strategies as st
 
 from rollout_runtime.environment import EnvironmentServerConfig, EpisodeResponse
 from rollout_runtime.sim.environments import ArithmeticVerifier
+from support.chaos import write_tally
 from support.httpserver import refused_url
+
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuzz_report() -> Iterator[None]:
+    yield
+    write_tally("fuzz-environment", TALLY)
+
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 LIMIT = 64 * 1024
@@ -75,6 +86,7 @@ async def test_any_request_body_gets_a_json_answer_and_never_a_stack_trace(
 ) -> None:
     """For any body on any body-reading route: 200 with a valid reply, or a 4xx JSON error naming the problem
     (400 malformed, 413 too large, 422 schema); never a 5xx, never a stack trace; the server keeps serving."""
+    TALLY["test_any_request_body_gets_a_json_answer_and_never_a_stack_trace"] += 1
     url, session = verifier
     headers = {"Content-Type": content_type} if content_type else {}
     async with session.post(url + path, data=body, headers=headers) as response:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollout_runtime.health import HttpProber, ProbeReason, ProbeSettings, ProbeTargetPolicy
+from support.chaos import write_tally
+
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuzz_report() -> Iterator[None]:
+    yield
+    write_tally("fuzz-probe", TALLY)
+
 
 LIMIT = 2048
 MODEL = "fuzz-model"
@@ -150,6 +161,7 @@ async def test_probe_verdict_follows_status_size_and_model_list_and_never_raises
 ) -> None:
     """ok exactly when /health is 2xx within the bound and, when a model is expected, /v1/models is a 2xx model
     list within the bound that names it; otherwise a failure with a bounded label and message. Never raises."""
+    TALLY["test_probe_verdict_follows_status_size_and_model_list_and_never_raises"] += 1
     if 300 <= health.status < 400:
         health.headers["Location"] = f"{fuzz_server}/trap"
     SCRIPT.health, SCRIPT.models, SCRIPT.trapped = health, models, 0
@@ -227,6 +239,7 @@ async def test_garbage_responses_become_labelled_failures_never_exceptions(
 ) -> None:  # fmt: skip
     """Whatever bytes a target writes back (broken status lines, contradictory lengths, bad chunking, binary junk,
     a close mid-response), the probe returns a result with a bounded label and message; it never raises."""
+    TALLY["test_garbage_responses_become_labelled_failures_never_exceptions"] += 1
     url, script = raw_server
     script[0] = status + b"".join(headers) + (b"\r\n" if terminate else b"") + tail
     result = await prober.probe(url, PROBE, expected_model=None)

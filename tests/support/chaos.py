@@ -563,3 +563,13 @@ def write_report(summary: dict[str, Any], directory: Path | None = None) -> Path
     path = directory / f"{summary['scenario']}.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def write_tally(name: str, tally: Counter[str]) -> None:
+    """Record how many cases a fuzz or bad-input module really ran (for docs/reliability.md)."""
+    if not tally:
+        return
+    directory = report_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = {"scenario": name, "cases": sum(tally.values()), "by_test": dict(sorted(tally.items()))}
+    (directory / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

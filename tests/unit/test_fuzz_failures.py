@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +39,16 @@ from rollout_runtime.failures import (
     http_status_is_infra,
     to_picklable_failure,
 )
+from support.chaos import write_tally
+
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuzz_report() -> Iterator[None]:
+    yield
+    write_tally("fuzz-failures", TALLY)
+
 
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX_LINKS = 9  # the exception itself plus 8 causes: the documented depth bound
@@ -176,6 +189,7 @@ def test_classification_matches_the_documented_rules_for_any_chain(chain: tuple[
     """For every chain within the documented bounds (9 links, 64 exceptions), the verdict is the specification's:
     explicit data anywhere wins, else any infra link (a group: all members) makes it INFRA, else DATA; implicit
     ``__context__`` never matters; the same exception always gets the same verdict."""
+    TALLY["test_classification_matches_the_documented_rules_for_any_chain"] += 1
     if _nodes(chain) > 60:
         return
     exc = build(chain, data)
@@ -188,6 +202,7 @@ def test_classification_matches_the_documented_rules_for_any_chain(chain: tuple[
 def test_long_and_cyclic_chains_terminate_with_a_verdict(chain: tuple[Link, ...], cycle_to: int) -> None:
     """Chains longer than the bound and chains whose last cause points back into the chain terminate, and the
     verdict only depends on the first 9 links."""
+    TALLY["test_long_and_cyclic_chains_terminate_with_a_verdict"] += 1
     exc = build(chain)
     tail = exc
     while tail.__cause__ is not None:
@@ -207,6 +222,7 @@ def test_long_and_cyclic_chains_terminate_with_a_verdict(chain: tuple[Link, ...]
 def test_conversion_pickles_and_keeps_the_verdict_status_and_bound(chain: tuple[Link, ...]) -> None:
     """Converted failures pickle, classify exactly as the original, keep the first HTTP status of the chain, and
     carry a message of at most MAX_MESSAGE_CHARS."""
+    TALLY["test_conversion_pickles_and_keeps_the_verdict_status_and_bound"] += 1
     exc = build(chain)
     converted = to_picklable_failure(exc)
     copy = pickle.loads(pickle.dumps(converted))
@@ -260,6 +276,7 @@ hostile_values = st.one_of(
 def test_hostile_exceptions_never_break_classification_or_conversion(status: object, text: object) -> None:
     """Whatever an exception's status, message and ``__str__`` do, classification returns a verdict and the
     conversion returns a bounded, picklable taxonomy member (it never raises)."""
+    TALLY["test_hostile_exceptions_never_break_classification_or_conversion"] += 1
     exc = _Hostile(status, text)
     result = classify_rollout_failure(exc)
     assert isinstance(result, FailureClass)
@@ -275,6 +292,7 @@ def test_hostile_exceptions_never_break_classification_or_conversion(status: obj
 def test_run_terminal_errors_are_never_converted_or_called_infra(message: str) -> None:
     """RolloutRedispatchExhausted and RolloutStall pass conversion unchanged and are never INFRA (so no per-attempt
     loop retries them)."""
+    TALLY["test_run_terminal_errors_are_never_converted_or_called_infra"] += 1
     for error in (RolloutRedispatchExhausted(message), RolloutStall(message)):
         assert to_picklable_failure(error) is error
         assert classify_rollout_failure(error) is FailureClass.DATA

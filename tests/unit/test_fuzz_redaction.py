@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_runtime.redaction import REDACTED, redact_secrets
 from rollout_runtime.sim import vllm_context_length_message
+from support.chaos import write_tally
+
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fuzz_report() -> Iterator[None]:
+    yield
+    write_tally("fuzz-redaction", TALLY)
+
 
 secrets_ = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=16, max_size=40)
 separators = st.sampled_from([" ", "\n", "\t", "(", "[", "{", ", ", "; ", '"', "'", "| "])
@@ -42,6 +55,7 @@ def test_a_planted_secret_never_survives_redaction(
 ) -> None:
     """Wherever a credential sits in a recognised context (auth scheme, key=value, URL userinfo, known token
     shape), surrounded by any text, the redacted message does not contain it."""
+    TALLY["test_a_planted_secret_never_survives_redaction"] += 1
     text = before + sep1 + context.format(s=secret) + sep2 + after
     redacted = redact_secrets(text)
     assert secret not in redacted.replace(before, "").replace(after, "")
@@ -52,6 +66,7 @@ def test_a_planted_secret_never_survives_redaction(
 @given(text=st.text(max_size=300) | st.builds(lambda c, s: c.format(s=s), st.sampled_from(CONTEXTS), secrets_))
 def test_redaction_is_idempotent_and_never_grows_a_message_much(text: str) -> None:
     """Redacting twice changes nothing more; a redacted message is never longer than the original plus markers."""
+    TALLY["test_redaction_is_idempotent_and_never_grows_a_message_much"] += 1
     once = redact_secrets(text)
     assert redact_secrets(once) == once
     assert len(once) <= len(text) + len(REDACTED)
