@@ -558,3 +558,15 @@ async def test_last_commit_time_starts_with_the_first_run_so_a_run_that_never_co
         outcomes = await consumer
     assert len(outcomes) == 1
     assert value(dispatcher, "rollout_last_commit_timestamp_seconds") >= started
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("seed", [1, 3, 8, 35, 36, 38, *range(60, 70)])
+async def test_waiting_for_a_shard_never_spins_whatever_the_jitter(seed: int) -> None:
+    """Regression: a deadline recomputed as "deadline - now" could leave a remainder below the clock's resolution
+    that was due at once forever (these seeds hung: loop time never advanced)."""
+    policy = DispatchPolicy(healthy_wait_seconds=5, max_infra_attempts=2, backoff_initial_seconds=1)
+    async with Dispatcher(ControlledSource([]), policy, seed=seed) as dispatcher:
+        outcomes, error = await asyncio.wait_for(collect_until_error(dispatcher.run(["p"], echo_rollout())), 60)
+    assert outcomes == []
+    assert isinstance(error, RolloutRedispatchExhausted)

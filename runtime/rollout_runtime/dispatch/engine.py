@@ -462,15 +462,14 @@ class Dispatcher:
         return pick_shard(routable, start=self._cursor, last_failed=state.last_failed, tried=state.tried)
 
     async def _wait_for_shard(self, state: _PromptState) -> _Slot | None:
-        clock = self.clock.monotonic
-        deadline = clock() + self.policy.healthy_wait_seconds
-        while (slot := self._pick(state)) is None:
-            remaining = deadline - clock()
-            if remaining <= 0:
-                return None
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+        # One absolute deadline on the loop's clock. Recomputing "deadline - now" each turn can leave a remainder
+        # below the clock's resolution (1e-15 s) that is due at once forever: a spin that never lets time move.
+        try:
+            async with asyncio.timeout(self.policy.healthy_wait_seconds):
+                while (slot := self._pick(state)) is None:
+                    await self._changed.wait()
+        except TimeoutError:
+            return self._pick(state)
         return slot
 
     async def _attempt(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
