@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from fleet_operator.kube import WriteOutcome
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HttpProber, ProbeReason, ProbeSettings, ProbeTargetPolicy
 from rollout_runtime.health.probe import _ForbiddenAddress, _PolicyResolver
+from support.chaos import write_tally
 from support.httpserver import serve
 
 PROBE = ProbeSettings(period_seconds=1.0, timeout_seconds=0.9, failure_threshold=1, success_threshold=1)
@@ -75,6 +77,15 @@ SSRF_TARGETS = [
     "http:///health",
     "http://" + "a" * 3000 + ".team.svc/",
 ]
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def targets_report() -> Iterator[None]:
+    yield
+    write_tally("security-probe-targets", TALLY)
+
+
 ALWAYS_REFUSED = [url for url in SSRF_TARGETS if "169.254" in url or "fd00:ec2" in url or "100.100.100.200" in url]
 
 
@@ -94,6 +105,7 @@ async def counting_server() -> AsyncIterator[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize("url", SSRF_TARGETS)
 async def test_the_operators_default_policy_refuses_ssrf_targets_before_any_connection(url: str) -> None:
+    TALLY["test_the_operators_default_policy_refuses_ssrf_targets_before_any_connection"] += 1
     async with HttpProber(OPERATOR_DEFAULT) as prober:
         result = await prober.probe(url, PROBE, expected_model="m")
     assert not result.ok
@@ -102,6 +114,7 @@ async def test_the_operators_default_policy_refuses_ssrf_targets_before_any_conn
 
 @pytest.mark.parametrize("url", ALWAYS_REFUSED)
 async def test_metadata_targets_stay_refused_even_when_an_operator_allowlists_everything(url: str) -> None:
+    TALLY["test_metadata_targets_stay_refused_even_when_an_operator_allowlists_everything"] += 1
     async with HttpProber(EVERYTHING_ALLOWLISTED) as prober:
         result = await prober.probe(url, PROBE)
     assert result.reason is ProbeReason.FORBIDDEN_TARGET, result
@@ -117,6 +130,7 @@ async def test_numeric_spellings_of_a_refused_address_are_caught_at_connect_time
     """With names allowlisted but loopback refused, decimal/hex/octal/short spellings of 127.0.0.1 pass the URL
     check as names; the URL parser refuses the non-canonical ones and the resolver refuses the address the rest
     resolve to: either way the probe fails and the server gets no request."""
+    TALLY["test_numeric_spellings_of_a_refused_address_are_caught_at_connect_time"] += 1
     url, hits = counting_server
     port = url.rsplit(":", 1)[1]
     policy = ProbeTargetPolicy(allowed_hosts=("*",), allow_loopback=False)
@@ -130,6 +144,7 @@ async def test_numeric_spellings_of_a_refused_address_are_caught_at_connect_time
 @pytest.mark.parametrize("host", ["2852039166", "0xa9fea9fe", "0251.0376.0251.0376", "169.254.43518"])
 async def test_numeric_spellings_of_the_metadata_address_are_refused_by_the_resolver(host: str) -> None:
     """The same spellings of 169.254.169.254: resolved (numerically, no network) and refused, never connected."""
+    TALLY["test_numeric_spellings_of_the_metadata_address_are_refused_by_the_resolver"] += 1
     resolver = _PolicyResolver(EVERYTHING_ALLOWLISTED)
     try:
         with pytest.raises(_ForbiddenAddress, match=r"169\.254\.169\.254"):

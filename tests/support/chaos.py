@@ -403,8 +403,9 @@ def check_invariants(result: ScenarioResult) -> list[str]:
     with_shard = sum(1 for _, e in result.events if isinstance(e, AttemptEnded) and e.shard is not None)
     # A run that raises cancels its attempts in flight: counted as cancelled, but no AttemptEnded is emitted.
     cut_short = len(result.attempts) - with_shard if result.error is not None else 0
-    if result.error is not None and cut_short != sum(1 for a in result.attempts if a.error_type == "CancelledError"):
-        problems.append(f"{cut_short} attempts without an event, but not as many cancelled by the run's end")
+    cancelled_calls = sum(1 for a in result.attempts if a.error_type == "CancelledError")  # evicted or cut short
+    if cut_short != cancelled_calls - ended["cancelled"]:
+        problems.append(f"{cut_short} attempts without an event, but {cancelled_calls} cancelled rollout calls")
     for outcome_label in ("success", "infra_failure", "data_failure", "cancelled"):
         expected = ended[outcome_label] + (cut_short if outcome_label == "cancelled" else 0)
         if _metric(result, "rollout_attempts_total", outcome=outcome_label) != expected:
