@@ -53,6 +53,7 @@ from fleet_operator.models import (
 )
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import (
+    CLOCK_SLACK_SECONDS,
     HealthMonitor,
     HealthPhase,
     HealthState,
@@ -387,13 +388,13 @@ class FleetEngine:
         while True:
             self._wake.clear()
             try:
-                next_due = await self.write_pass(loop.time())
+                next_due = await self.write_pass(loop.time() + CLOCK_SLACK_SECONDS)  # see CLOCK_SLACK_SECONDS
             except Exception:  # a surprise in one pass must not end reconciliation; the next pass retries
                 log.exception("status write pass failed; retrying")
                 next_due = loop.time() + self._settings.write_retry_seconds
-            delay = max(0.0, next_due - loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            with contextlib.suppress(TimeoutError):  # an absolute wake-up: no remainder to round away
+                async with asyncio.timeout_at(next_due):
+                    await self._wake.wait()
 
     async def write_pass(self, now: float) -> float:
         """One writer pass at loop time ``now``: transitions first, then fleets, then heartbeats and events.

@@ -152,3 +152,20 @@ async def test_new_targets_can_start_from_a_restored_state() -> None:
     assert monitor.states["a"].serving
     await monitor.probe_round()
     assert monitor.states["a"].phase is HealthPhase.SUSPECT  # resumed, not restarted from Pending
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("period", [0.1, 0.3, 0.7, 1.1, 2.9])
+async def test_fractional_periods_never_spin_the_loop(period: float) -> None:
+    """Regression: a target due a sub-resolution moment from now was neither due nor waitable, so the loop spun
+    at a frozen loop time. Every round must now advance the clock by one period."""
+    settings = ProbeSettings(period_seconds=period, timeout_seconds=period / 2)
+    prober = ScriptedProber({"a": "+"})
+    monitor = HealthMonitor([ProbeTarget("a", "a", settings)], prober)
+    rounds = monitor.rounds()
+    for _ in range(200):
+        await anext(rounds)
+    await rounds.aclose()
+    assert len(prober.calls) == 200
+    gaps = [b - a for (_, a), (_, b) in zip(prober.calls, prober.calls[1:], strict=False)]
+    assert all(gap == pytest.approx(period, abs=1e-5) for gap in gaps)

@@ -15,11 +15,18 @@ from rollout_runtime.health.hysteresis import (
     ProbeSettings,
     Transition,
 )
-from rollout_runtime.health.monitor import HealthMonitor, ProbeRound, ProbeTarget, TransitionCallback
+from rollout_runtime.health.monitor import (
+    CLOCK_SLACK_SECONDS,
+    HealthMonitor,
+    ProbeRound,
+    ProbeTarget,
+    TransitionCallback,
+)
 from rollout_runtime.health.probe import DEFAULT_MAX_BODY_BYTES, MODELS_PATH, HttpProber, Prober, check_model_list
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy, TargetVerdict
 
 __all__ = [
+    "CLOCK_SLACK_SECONDS",
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_PROBE_MESSAGE_CHARS",
     "MODELS_PATH",

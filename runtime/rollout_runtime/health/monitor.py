@@ -13,11 +13,12 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from rollout_runtime.health.hysteresis import HealthState, ProbeResult, ProbeSettings, Transition
 from rollout_runtime.health.probe import Prober
 
-__all__ = ["HealthMonitor", "ProbeRound", "ProbeTarget", "TransitionCallback"]
+__all__ = ["CLOCK_SLACK_SECONDS", "HealthMonitor", "ProbeRound", "ProbeTarget", "TransitionCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ class ProbeRound:
 
 TransitionCallback = Callable[[str, Transition, ProbeResult | None], Awaitable[None] | None]
 """Called as ``callback(name, transition, result)``; ``result`` is None for drain changes. May be async."""
+
+
+CLOCK_SLACK_SECONDS: Final[float] = 1e-6
+"""What is due within this much of now is due now. A loop sleeping "until due" for a remainder below the clock's
+resolution wakes at once without time moving, and would spin (looptime makes that easy to hit, real clocks too)."""
 
 
 class HealthMonitor:
@@ -157,12 +163,12 @@ class HealthMonitor:
                 changes, self._drain_changes = tuple(self._drain_changes), []
                 yield ProbeRound(results={}, transitions=changes)
             now = loop.time()
-            due = [name for name, at in self._due.items() if at <= now]
+            due = [name for name, at in self._due.items() if at <= now + CLOCK_SLACK_SECONDS]
             if not due:
                 self._changed.clear()
-                delay = min(self._due.values(), default=now + 3600.0) - now
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=max(delay, 0.0))
+                with contextlib.suppress(TimeoutError):  # an absolute wake-up: no remainder to round away
+                    async with asyncio.timeout_at(min(self._due.values(), default=now + 3600.0)):
+                        await self._changed.wait()
                 continue
             for name in due:
                 self._due[name] = now + self._targets[name].settings.period_seconds
