@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
@@ -60,28 +62,32 @@ def test_context_length_reason_survives_the_crossing(pool: ProcessPoolExecutor) 
 
 @pytest.fixture(scope="module")
 def ray_actor() -> Iterator[object]:
+    """A real Ray actor in a local cluster on 127.0.0.1; the pytest process gets its signal handler back after."""
     ray = pytest.importorskip("ray", reason="the `ray` extra is part of the test environment")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(
-        num_cpus=1,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in __import__("sys").path if p)}},
-    )
-    try:
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own and shutdown does not restore it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(
+            num_cpus=1,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
+        )
+        try:
 
-        @ray.remote(num_cpus=0)
-        class Worker:
-            def raw(self, kind: str) -> None:
-                raw_failure(kind)
+            @ray.remote(num_cpus=0)
+            class Worker:
+                def raw(self, kind: str) -> None:
+                    raw_failure(kind)
 
-            def converted(self, kind: str) -> None:
-                converted_failure(kind)
+                def converted(self, kind: str) -> None:
+                    converted_failure(kind)
 
-        yield ray, Worker.remote()
-    finally:
-        ray.shutdown()
+            yield ray, Worker.remote()
+        finally:
+            ray.shutdown()
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def ray_failure(ray_actor: object, method: str, kind: str) -> BaseException:
