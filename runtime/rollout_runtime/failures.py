@@ -58,6 +58,8 @@ __all__ = [
     "RolloutTerminalDataFailure",
     "RolloutTimeout",
     "classify_rollout_failure",
+    "describe_failure",
+    "failure_contains",
     "failure_type",
     "http_status_is_infra",
     "picklable_failures",
@@ -313,6 +315,27 @@ def _scan(exc: BaseException, seen: set[int]) -> tuple[bool, bool]:
     return False, infra
 
 
+def _nodes(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
+    """Every exception classification looks at: the cause chain and, recursively, exception-group members."""
+    for link in _links(exc, seen):
+        yield link
+        if isinstance(link, BaseExceptionGroup):
+            for member in link.exceptions:
+                yield from _nodes(member, seen)
+
+
+def failure_contains(exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc``, its causes or its group members include one of ``types``; bounded like classification.
+
+    For decisions beside the class, e.g. "a terminal data failure is in there: do not retry" or "the environment
+    failed, not the generation shard: do not eject it". Never raises.
+    """
+    try:
+        return any(isinstance(node, types) for node in _nodes(exc, set()))
+    except Exception:
+        return False
+
+
 def classify_rollout_failure(exc: BaseException) -> FailureClass:
     """Bucket a rollout exception into ``INFRA`` or ``DATA``; never raises.
 
@@ -362,8 +385,11 @@ def _is_ours(exc: BaseException) -> bool:
     return isinstance(exc, RolloutFailure) and type(exc).__module__ == __name__
 
 
-def _describe(exc: BaseException, *, name_head: bool = True) -> str:
-    """One line: the exception and the causes that explain it, as a reader would want them in a ledger."""
+def describe_failure(exc: BaseException, *, name_head: bool = True) -> str:
+    """One line: the exception and the causes that explain it (``Outer: text <- Cause: text``), for ledgers.
+
+    Unbounded and unredacted: callers bound it, and redact it where it leaves the process.
+    """
     parts: list[str] = []
     for link in _links(exc, set()):
         text = _safe_str(link)
@@ -387,7 +413,7 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
         status = next((s for s in (_http_status(link) for link in _links(exc, set())) if s is not None), None)
         original = getattr(exc, "original_type", None) if isinstance(exc, RolloutFailure) else None
         original_type = original if isinstance(original, str) else f"{type(exc).__module__}.{type(exc).__qualname__}"
-        message = _bounded(_describe(exc, name_head=not _is_ours(exc)))  # our own class already names itself
+        message = _bounded(describe_failure(exc, name_head=not _is_ours(exc)))  # our own class already names itself
         target = _converted_type(exc, classify_rollout_failure(exc))
         return target(message, status=status, original_type=original_type)
     except Exception:

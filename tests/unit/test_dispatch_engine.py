@@ -570,3 +570,29 @@ async def test_waiting_for_a_shard_never_spins_whatever_the_jitter(seed: int) ->
         outcomes, error = await asyncio.wait_for(collect_until_error(dispatcher.run(["p"], echo_rollout())), 60)
     assert outcomes == []
     assert isinstance(error, RolloutRedispatchExhausted)
+
+
+async def test_failures_inside_exception_groups_keep_their_meaning() -> None:
+    """A TaskGroup's ExceptionGroup is walked like a cause chain: a terminal data failure in it stops retries at once,
+    and an environment transport failure in it does not eject the generation shard."""
+    calls: list[str] = []
+
+    async def terminal(shard: Shard, prompt: int) -> None:
+        calls.append(shard.name)
+        raise ExceptionGroup("episode", [RolloutTerminalDataFailure("no retries for this task")])
+
+    async def environment_down(shard: Shard, prompt: int) -> str:
+        calls.append(shard.name)
+        if len(calls) == 1:
+            raise ExceptionGroup("episode", [GymTransportError("environment server reset the connection")])
+        return shard.name
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        [outcome] = await collect(d.run([0], terminal))
+    assert isinstance(outcome, DataFailed)
+    assert outcome.attempts == 1
+    calls.clear()
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        [outcome] = await collect(d.run([0], environment_down))
+        assert d.ejected == frozenset()
+    assert isinstance(outcome, Completed)

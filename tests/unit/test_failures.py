@@ -435,3 +435,15 @@ def test_conversion_is_idempotent_and_does_not_repeat_the_type() -> None:
     assert str(once) == "environment said no"
     wrapped = to_picklable_failure(chain(RuntimeError("outer"), GymTransportError("env down")))
     assert str(wrapped) == "RuntimeError: outer <- GymTransportError: env down"
+
+
+def test_failure_contains_walks_causes_and_groups_within_bounds() -> None:
+    from rollout_runtime.failures import failure_contains
+
+    nested = chain(RuntimeError("outer"), ExceptionGroup("g", [ValueError(), chain(KeyError(), GymTransportError())]))
+    assert failure_contains(nested, GymTransportError)
+    assert failure_contains(nested, (TimeoutError, KeyError))
+    assert not failure_contains(nested, TimeoutError)
+    deep = chain(*[RuntimeError(str(i)) for i in range(failures._MAX_CAUSE_DEPTH + 1)], GymTransportError())
+    assert not failure_contains(deep, GymTransportError)
+    assert not failure_contains(Hostile(), ValueError)

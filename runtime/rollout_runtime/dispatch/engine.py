@@ -62,9 +62,10 @@ from rollout_runtime.failures import (
     RolloutTerminalDataFailure,
     RolloutTimeout,
     classify_rollout_failure,
+    describe_failure,
+    failure_contains,
     failure_type,
 )
-from rollout_runtime.failures import _describe as _describe  # one rendering of a cause chain
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet, Shard, ShardSource
 
@@ -76,8 +77,6 @@ P = TypeVar("P")
 R = TypeVar("R")
 Rollout = Callable[[Shard, P], Awaitable[R]]
 """``rollout(shard, prompt)``: one attempt of one prompt on one shard; raise to fail it."""
-
-_MAX_CAUSES = 8
 
 
 @dataclass(slots=True, eq=False)
@@ -115,26 +114,12 @@ class _RunFailed:
 
 
 def _is_terminal(exc: BaseException) -> bool:
-    node: BaseException | None = exc
-    for _ in range(_MAX_CAUSES + 1):
-        if node is None:
-            return False
-        if isinstance(node, RolloutTerminalDataFailure):
-            return True
-        node = node.__cause__
-    return False
+    return failure_contains(exc, RolloutTerminalDataFailure)
 
 
 def _blames_shard(exc: BaseException) -> bool:
     """Whether an infra failure says the *generation shard* is sick (the environment side's do not)."""
-    node: BaseException | None = exc
-    for _ in range(_MAX_CAUSES + 1):
-        if node is None:
-            return True
-        if isinstance(node, GymTransportError | NoHealthyShards):
-            return False
-        node = node.__cause__
-    return True
+    return not failure_contains(exc, (GymTransportError, NoHealthyShards))
 
 
 class DispatchRun(Generic[P, R]):
@@ -756,4 +741,4 @@ class Dispatcher:
 
 def _reason(exc: BaseException) -> str:
     """The failure's message with the causes that explain it, bounded (vLLM's 400 body lands here)."""
-    return bounded_reason(_describe(exc))
+    return bounded_reason(describe_failure(exc))
