@@ -214,7 +214,6 @@ class Dispatcher:
         self.metrics = metrics if metrics is not None else RolloutMetrics(registry)
         self._source = source
         self._observer = observer
-        self._clock_override = clock
         self._clock: Clock | None = clock
         self._rng = random.Random(seed)
         self._ledger = ledger
@@ -235,7 +234,6 @@ class Dispatcher:
         self._entered = False
         self._loop: asyncio.AbstractEventLoop
         self._in_flight = 0
-        self._last_commit_wall: float | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -323,9 +321,9 @@ class Dispatcher:
             return
         for state in run.states:
             run.ready.put_nowait(state)
-        if self._last_commit_wall is None:
+        if self.metrics.last_commit_timestamp is None:
             # Progress is measured from the first run's start, so a run that never commits still shows as a stall.
-            self._last_commit_wall = self.metrics.last_commit_timestamp = self.clock.wall()
+            self.metrics.last_commit_timestamp = self.clock.wall()
         workers = len(run.states)
         if self.policy.max_concurrency is not None:
             workers = min(workers, self.policy.max_concurrency)
@@ -389,8 +387,7 @@ class Dispatcher:
                 run.ready.put_nowait(None)
 
     def _commit(self) -> None:
-        self._last_commit_wall = wall = self.clock.wall()
-        self.metrics.last_commit_timestamp = wall
+        self.metrics.last_commit_timestamp = self.clock.wall()
 
     def _requeue(self, run: DispatchRun[Any, Any], state: _PromptState, delay: float) -> None:
         run.stats.redispatches += 1
