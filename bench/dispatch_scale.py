@@ -105,12 +105,18 @@ def queue_and_concurrency(counts: Sequence[int], concurrencies: Sequence[int], r
 
 def shard_count(count: int, concurrency: int, shard_counts: Sequence[int], repeat: int) -> dict[str, float]:
     print(f"\nB. shard count: {count:,} zero-latency prompts, {concurrency} concurrent: us per attempt")
-    print(f"   {'shards':>7} {'dispatcher us':>13} {'us per shard':>13}")
+    print(f"   {'shards':>7} {'dispatcher us':>13} {'slope vs previous row':>22}")
     results: dict[int, float] = {}
+    previous: int | None = None
     for shards in shard_counts:
         results[shards] = best_us(dispatcher_over(shards_of(shards)), count, concurrency, repeat)
-        extra = (results[shards] - results[shard_counts[0]]) / max(shards - shard_counts[0], 1)
-        print(f"   {shards:>7,} {results[shards]:13.2f} {extra * 1000:10.1f} ns")
+        slope = (
+            ""
+            if previous is None
+            else f"{(results[shards] - results[previous]) / (shards - previous) * 1000:.0f} ns/shard"
+        )
+        print(f"   {shards:>7,} {results[shards]:13.2f} {slope:>22}")
+        previous = shards
     first, last = shard_counts[0], shard_counts[-1]
     return {"shard growth": results[last] / results[first], "shard factor": last / first}
 

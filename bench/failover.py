@@ -15,7 +15,7 @@ generation answer 503 half the time), and seeded bursts of 503s on the others. C
 Probe period/timeout/thresholds, per-attempt timeout and the attempt budget are the same for every contender that
 has the knob. Reported per contender: prompts completed (correct answer), lost or wrongly failed (no valid prompt
 should fail), generation requests that reached a shard and how many were wasted (did not produce the answer),
-p50/p99 prompt latency (first send to final outcome, over all prompts), seconds from the kill (and from the hang) to
+p50/p99/max prompt latency (first send to final outcome, over all prompts), seconds from the kill (and from the hang) to
 the last request sent to that shard while it was down, and wall time; then each peer's ratios to rollout-fleet.
 
     python bench/failover.py                    # full run: 6 shards, 32 concurrent, 4800 prompts (~4 minutes)
@@ -363,6 +363,7 @@ class Row:
     wasted: int
     p50: float
     p99: float
+    worst: float
     kill_to_last: float | None
     hang_to_last: float | None
     wall: float
@@ -453,6 +454,7 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
         wasted=shard_requests - tally.completed,
         p50=_percentile(latencies, 0.50),
         p99=_percentile(latencies, 0.99),
+        worst=max(latencies, default=float("nan")),
         kill_to_last=kill_last,
         hang_to_last=hang_last,
         wall=wall,
@@ -478,12 +480,12 @@ def _ratio(peer: float | None, ours: float | None) -> str:
 def report(rows: Sequence[Row], scale: Scale) -> None:
     print(
         f"\n{'contender':14} {'completed':>9} {'lost':>5} {'wrong':>5} {'shard reqs':>10} {'wasted':>7} "
-        f"{'p50 s':>7} {'p99 s':>7} {'kill->last s':>12} {'hang->last s':>12} {'wall s':>7}"
+        f"{'p50 s':>7} {'p99 s':>7} {'max s':>7} {'kill->last s':>12} {'hang->last s':>12} {'wall s':>7}"
     )
     for r in rows:
         print(
             f"{r.name:14} {r.completed:9d} {r.lost:5d} {r.wrong:5d} {r.shard_requests:10d} {r.wasted:7d} "
-            f"{r.p50:7.2f} {r.p99:7.2f} {_s(r.kill_to_last):>12} {_s(r.hang_to_last):>12} {r.wall:7.1f}"
+            f"{r.p50:7.2f} {r.p99:7.2f} {r.worst:7.2f} {_s(r.kill_to_last):>12} {_s(r.hang_to_last):>12} {r.wall:7.1f}"
         )
     for r in rows:
         if r.detail:
