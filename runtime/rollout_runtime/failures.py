@@ -43,9 +43,10 @@ from typing import Any, Final, TypeVar, cast
 
 import aiohttp
 
-from rollout_runtime.redaction import redact_secrets
+from rollout_runtime.redaction import MAX_MESSAGE_CHARS, safe_message
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "FailureClass",
     "GenerationUnavailable",
     "GymTransportError",
@@ -72,8 +73,6 @@ _MAX_CAUSE_DEPTH: Final[int] = 8
 _MAX_NODES: Final[int] = 64
 """Exceptions examined per classification, across exception groups: keeps classification O(1)."""
 
-MAX_MESSAGE_CHARS: Final[int] = 2000
-"""Bound on a failure message that crosses a boundary or lands in a ledger."""
 
 _RETRIABLE_HTTP_STATUSES: Final[frozenset[int]] = frozenset({408, 425, 429})
 """The 4xx statuses that describe the server's state, not the request: timeout, too early, too many."""
@@ -365,11 +364,6 @@ def failure_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    text = redact_secrets(text)  # a converted message travels (ledgers, logs, other processes): no credentials
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _safe_str(exc: BaseException) -> str:
     """The exception's text; for an HTTP response error, its status and the server's own message."""
     try:
@@ -413,7 +407,7 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
         status = next((s for s in (_http_status(link) for link in _links(exc, set())) if s is not None), None)
         original = getattr(exc, "original_type", None) if isinstance(exc, RolloutFailure) else None
         original_type = original if isinstance(original, str) else f"{type(exc).__module__}.{type(exc).__qualname__}"
-        message = _bounded(describe_failure(exc, name_head=not _is_ours(exc)))  # our own class already names itself
+        message = safe_message(describe_failure(exc, name_head=not _is_ours(exc)))  # our own class already names itself
         target = _converted_type(exc, classify_rollout_failure(exc))
         return target(message, status=status, original_type=original_type)
     except Exception:

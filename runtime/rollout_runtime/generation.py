@@ -33,7 +33,7 @@ from rollout_runtime.failures import (
     RolloutTimeout,
     http_status_is_infra,
 )
-from rollout_runtime.redaction import redact_secrets, redact_url
+from rollout_runtime.redaction import redact_url, safe_message
 from rollout_runtime.shards.model import Shard
 
 __all__ = ["Completion", "GenerationClient"]
@@ -53,12 +53,6 @@ class Completion:
     model: str
     shard: str
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-
-def _bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """A message fit to travel: credentials redacted (error bodies echo keys and headers), length bounded."""
-    text = redact_secrets(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _server_message(body: bytes) -> str:
@@ -164,20 +158,20 @@ class GenerationClient:
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 async with self._get_session().post(url, json=payload, timeout=self._timeout) as response:
-                    body = await self._read_bounded(response, where)
+                    body = await self._readsafe_message(response, where)
                     status = response.status
         except TimeoutError as exc:
             raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
-            raise GenerationUnavailable(_bounded(f"{where}: {type(exc).__name__}: {exc}")) from exc
+            raise GenerationUnavailable(safe_message(f"{where}: {type(exc).__name__}: {exc}")) from exc
         except aiohttp.ClientResponseError as exc:  # an unparseable HTTP response: the shard is broken
-            message = _bounded(f"{where}: invalid HTTP response: {exc.message}")
+            message = safe_message(f"{where}: invalid HTTP response: {exc.message}")
             raise GenerationUnavailable(message, status=exc.status) from exc
         if status >= 400 or status < 200:
             self._raise_for_status(status, body, where)
         return body
 
-    async def _read_bounded(self, response: aiohttp.ClientResponse, where: str) -> bytes:
+    async def _readsafe_message(self, response: aiohttp.ClientResponse, where: str) -> bytes:
         limit = self.max_response_bytes
         too_large = f"{where}: response larger than {limit} bytes"
         if response.content_length is not None and response.content_length > limit:
@@ -191,13 +185,13 @@ class GenerationClient:
 
     @staticmethod
     def _raise_for_status(status: int, body: bytes, where: str) -> None:
-        message = _bounded(_server_message(body[: MAX_MESSAGE_CHARS * 4]) or f"HTTP {status}")
+        message = safe_message(_server_message(body[: MAX_MESSAGE_CHARS * 4]) or f"HTTP {status}")
         if status < 200 or 300 <= status < 400:
-            raise RolloutDataFailure(_bounded(f"{where} answered HTTP {status}: {message}"), status=status)
+            raise RolloutDataFailure(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)
         if http_status_is_infra(status):
-            raise GenerationUnavailable(_bounded(f"{where} answered HTTP {status}: {message}"), status=status)
+            raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)
         if status == 404 and _MODEL_MISSING.search(message):
-            raise GenerationUnavailable(_bounded(f"{where} does not serve the model: {message}"), status=status)
+            raise GenerationUnavailable(safe_message(f"{where} does not serve the model: {message}"), status=status)
         raise RolloutDataFailure(message, status=status)
 
     @staticmethod
@@ -222,6 +216,6 @@ class GenerationClient:
             )
         except (ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
             raise RolloutDataFailure(
-                _bounded(f"{where} returned 200 with a body that is not a completion: {type(exc).__name__}: {exc}"),
+                safe_message(f"{where} returned 200 with a body that is not a completion: {type(exc).__name__}: {exc}"),
                 status=200,
             ) from exc

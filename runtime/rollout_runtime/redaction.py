@@ -21,9 +21,12 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["REDACTED", "redact_secrets", "redact_url"]
+__all__ = ["MAX_MESSAGE_CHARS", "REDACTED", "redact_secrets", "redact_url", "safe_message"]
 
 REDACTED: Final[str] = "***"
+
+MAX_MESSAGE_CHARS: Final[int] = 2000
+"""Bound on a failure message that crosses a boundary or lands in a ledger, a status or a log line."""
 
 _USERINFO: Final[re.Pattern[str]] = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s@]+@")
 _AUTH_SCHEME: Final[re.Pattern[str]] = re.compile(
@@ -63,3 +66,9 @@ def redact_secrets(text: str) -> str:
 def redact_url(url: str) -> str:
     """A URL fit for a message: userinfo and credential-looking query parameters replaced."""
     return redact_secrets(url)
+
+
+def safe_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Foreign text made fit to travel: credentials redacted first, then bounded to ``limit`` (the cut marked)."""
+    text = redact_secrets(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

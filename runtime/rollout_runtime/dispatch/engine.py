@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from rollout_runtime.dispatch.budget import DataFailedDecision, ExhaustedDecision, PromptBudget, decide
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.ejection import EjectionTracker
-from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, bounded_reason, preview
+from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
 from rollout_runtime.dispatch.outcomes import (
     AttemptEnded,
     Completed,
@@ -67,6 +67,7 @@ from rollout_runtime.failures import (
     failure_type,
 )
 from rollout_runtime.metrics import RolloutMetrics
+from rollout_runtime.redaction import safe_message
 from rollout_runtime.shards.model import HealthySet, Shard, ShardSource
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
@@ -738,4 +739,4 @@ class Dispatcher:
 
 def _reason(exc: BaseException) -> str:
     """The failure's message with the causes that explain it, bounded (vLLM's 400 body lands here)."""
-    return bounded_reason(describe_failure(exc))
+    return safe_message(describe_failure(exc))

@@ -13,9 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from rollout_runtime.failures import MAX_MESSAGE_CHARS
-from rollout_runtime.redaction import redact_secrets
-
 __all__ = ["FailureLedger", "LedgerEntry"]
 
 _PREVIEW_CHARS = 200
@@ -49,12 +46,6 @@ def preview(prompt: object) -> str:
     except Exception:
         text = f"<unprintable {type(prompt).__name__}>"
     return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
-
-
-def bounded_reason(text: str) -> str:
-    """A reason for outcomes, the ledger and logs: credentials redacted, then bounded."""
-    text = redact_secrets(text)
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
 class FailureLedger:

@@ -20,7 +20,7 @@ from rollout_runtime.failures import (
     classify_rollout_failure,
     http_status_is_infra,
 )
-from rollout_runtime.redaction import redact_secrets
+from rollout_runtime.redaction import safe_message
 
 __all__ = [
     "MAX_FAILURE_REASON_CHARS",
@@ -98,9 +98,9 @@ def format_exception_with_response_body(error: BaseException, body: str | None =
 
 
 def bound_reason(text: str, limit: int = MAX_FAILURE_REASON_CHARS) -> str:
-    """Bound a failure reason to ``limit`` characters, marking the cut; credentials are redacted first."""
-    text = redact_secrets(text)  # a dependency's error body may echo an API key or an Authorization header
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """Bound a failure reason to ``limit`` characters, marking the cut; credentials are redacted first (a
+    dependency's error body may echo an API key or an Authorization header)."""
+    return safe_message(text, limit)
 
 
 def _describe(error: BaseException) -> str:
