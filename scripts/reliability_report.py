@@ -97,31 +97,36 @@ def render(reports: dict[str, dict[str, Any]]) -> str:
     out.append("\n### Faults injected, by kind\n")
     out.append(_table(["fault", "injected"], [[kind, faults.get(kind, 0)] for kind in FAULT_ORDER]))
 
-    costs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in chaos:
-        if r.get("run_error"):
-            continue  # the fleet-gone scenario's cost is the run, not a redispatch
+    sums: dict[str, Counter[str]] = defaultdict(Counter)
+    extra: dict[str, list[float]] = defaultdict(list)
+    injected = Counter[str]()
+    runs = [r for r in chaos if not r.get("run_error")]  # the fleet-gone scenario's cost is the run itself
+    for r in runs:
+        injected.update(r["faults_injected"])
         for kind, cost in r["fault_costs"].items():
-            for key in ("failed_attempts", "redispatches", "affected_prompts"):
-                costs[kind][key].append(cost[key])
-            costs[kind]["attempt"].append(cost["failed_attempt_mean_seconds"])
+            sums[kind].update({key: cost[key] for key in ("failed_attempts", "redispatches", "affected_prompts")})
+            sums[kind]["attempt_seconds"] += cost["failed_attempt_mean_seconds"] * cost["failed_attempts"]
             if cost["extra_latency_mean_seconds"] is not None:
-                costs[kind]["extra"].append(cost["extra_latency_mean_seconds"])
-    seeds = sum(1 for r in chaos if not r.get("run_error"))
-    out.append(f"\n### What each fault costs (mean per injected fault over {seeds} seeded runs)\n")
+                extra[kind].append(cost["extra_latency_mean_seconds"])
+    out.append(
+        f"\n### What each fault costs (per injected fault, over {len(runs)} seeded runs; "
+        "data and unattributed: per run)\n"
+    )
     rows = []
     for kind in [*FAULT_ORDER, "unattributed", "data"]:
-        if kind not in costs:
+        count = injected.get(kind, 0) if kind in FAULT_ORDER else len(runs)
+        if not count or (kind not in FAULT_ORDER and kind not in sums):
             continue
-        c = costs[kind]
+        c = sums[kind]
+        failed = c["failed_attempts"]
         rows.append(
             [
                 kind,
-                _mean(c["failed_attempts"]),
-                _mean(c["redispatches"]),
-                _mean(c["affected_prompts"]),
-                _mean(c["attempt"]),
-                _mean(c["extra"]),
+                f"{failed / count:.1f}",
+                f"{c['redispatches'] / count:.1f}",
+                f"{c['affected_prompts'] / count:.1f}",
+                f"{c['attempt_seconds'] / failed:.2f}" if failed else "-",
+                _mean(extra[kind]) if extra[kind] else "-",
             ]
         )
     out.append(

@@ -65,8 +65,10 @@ def test_the_generated_section_sums_the_reports_and_leaves_the_prose_alone(tmp_p
     assert "| prompts driven | 4000 |" in text
     assert "| **prompts lost** | **0** |" in text
     assert "| shard_kill | 2 |" in text
-    assert "| shard_kill | 10.00 | 10.00 | 9.00 | 0.01 | 2.00 |" in text
-    assert "| env_crash | 30.00 | 30.00 | 12.00 | 0.20 | n/a |" in text
+    assert "| shard_kill | 10.0 | 10.0 | 9.0 | 0.01 | 2.00 |" in text
+    assert "| env_crash | 30.0 | 30.0 | 12.0 | 0.20 | - |" in text
+    assert "| shard_hang | 0 |" in text  # listed among the kinds, with no cost row: never injected
+    assert "| shard_hang | -" not in text
     assert "| invalid custom resources sent to the API server | 38 | 38 rejected |" in text
     assert "| forbidden API requests by the operator's token | 24 | all 403 |" in text
     check = subprocess.run([sys.executable, str(SCRIPT), "--reports", str(reports), "--doc", str(doc), "--check"])

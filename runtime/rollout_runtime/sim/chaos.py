@@ -151,11 +151,13 @@ class FaultSchedule(BaseModel):
         end: float = 0.8,
         hold_seconds: tuple[float, float] = (0.5, 1.5),
         burst: tuple[int, int] = (5, 30),
+        hang_extra_seconds: float = 1.5,
     ) -> FaultSchedule:
         """Draw a schedule: ``per_kind`` faults of each kind at random progress points in ``[start, end]``.
 
         Deterministic in its arguments. Shard faults pick a random shard; ENV_CRASH targets ``environment`` (left
-        out when None); ALL_SHARDS_DOWN targets every shard.
+        out when None); ALL_SHARDS_DOWN targets every shard. A hang is held ``hang_extra_seconds`` longer, so that
+        it outlasts the probes' detection time rather than being a mere stall.
         """
         if not shards:
             raise ValueError("a schedule needs at least one shard")
@@ -169,6 +171,8 @@ class FaultSchedule(BaseModel):
             for _ in range(per_kind):
                 at = round(rng.uniform(start, end), 4)
                 hold = round(rng.uniform(*hold_seconds), 3)
+                if kind is FaultKind.SHARD_HANG:  # long enough for probes to see it (a brief stall is only slow)
+                    hold = round(hold + hang_extra_seconds, 3)
                 if kind is FaultKind.ENV_CRASH:
                     faults.append(Fault(kind=kind, target=environment or ENV_TARGET, at_progress=at))
                 elif kind is FaultKind.ALL_SHARDS_DOWN:
