@@ -150,6 +150,11 @@ class _TargetSpec(_KubeModel):
                             "isURL(self) && url(self).getHostname() != ''",
                             "endpoint must be an absolute http(s) URL with a host, like http://10.0.0.7:8000",
                         ),
+                        _cel(
+                            "!self.matches('^https?://[^/]*@')",
+                            "endpoint must not carry credentials (user:password@): it is shown in status and Events,"
+                            " and probes never send them",
+                        ),
                     ]
                 },
             ),
@@ -171,6 +176,8 @@ class _TargetSpec(_KubeModel):
         if value is None:
             return None
         parts = urlsplit(value)
+        if "@" in parts.netloc:  # checked first, and the value is not echoed: it holds a credential
+            raise ValueError("endpoint must not carry credentials (user:password@): it is shown in status and Events")
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError(f"endpoint must be an absolute http(s) URL with a host and no query, got {value!r}")
         return value.rstrip("/")

@@ -56,6 +56,11 @@ def policy(**fields: Any) -> dict[str, Any]:
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     # GenerationShard: where it is
     (
+        "endpoint with credentials",
+        shard("creds", {"endpoint": "http://user:hunter2@10.0.0.7:8000"}),
+        "endpoint must not carry credentials",
+    ),
+    (
         "endpoint with a query",
         shard("q", {"endpoint": "http://10.0.0.7:8000/v1?x=1"}),
         "spec.endpoint in body should match",
