@@ -79,6 +79,9 @@ _SPEC_MODELS: Final[Mapping[str, type[GenerationShardSpec] | type[EnvironmentSer
 }
 _MAX_RETRY_SECONDS: Final[float] = 30.0
 _MAX_PENDING_EVENTS: Final[int] = 1000
+_WRITE_CONCURRENCY: Final[int] = 16
+"""Status PATCHes one writer sweep keeps in flight: at 1,000 targets a sequential sweep takes minutes on a busy
+apiserver (measured by bench/operator_scale.py), and a fleet's status must never wait that long."""
 
 TargetKey = tuple[str, str, str]
 """(kind, namespace, name)."""
@@ -155,6 +158,8 @@ class FleetEngine:
         self._events: deque[_Event] = deque(maxlen=_MAX_PENDING_EVENTS)
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
+        self._priming: dict[TargetKey, Mapping[str, Any]] | None = None
+        """While priming: new targets' persisted statuses, synced into the monitor once at the end."""
         self.writes: dict[str, int] = {GENERATION_SHARD: 0, ENVIRONMENT_SERVER: 0, ROLLOUT_FLEET: 0}
         """Status writes made, by kind (also exported as fleet_status_writes_total)."""
 
@@ -176,10 +181,20 @@ class FleetEngine:
         an empty healthy set for a moment after every restart. Fleets are written only once primed.
         """
         namespaces: list[str | None] = list(self._settings.namespaces) or [None]
-        for kind in (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET):
-            for namespace in namespaces:
-                for body in await self._list_with_retry(PLURALS[kind], namespace):
-                    await self.upsert(kind, body)
+        self._priming = {}
+        try:
+            for kind in (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET):
+                for namespace in namespaces:
+                    for body in await self._list_with_retry(PLURALS[kind], namespace):
+                        await self.upsert(kind, body)
+        finally:
+            primed, self._priming = self._priming, None
+        # One probe-list sync for everything listed: one per object would be quadratic in the fleet size.
+        self._sync_monitor(restore=primed)
+        for key in primed:
+            target = self._targets.get(key)
+            if target is not None and target.spec is not None and target.spec.drain:
+                await self._monitor.set_draining(_monitor_name(key), True)
         self._synced.set()
         self._wake.set()
 
@@ -248,7 +263,9 @@ class FleetEngine:
         old_labels, old_spec = target.labels, target.spec
         target.labels, target.spec, target.endpoint = labels, spec, endpoint
         target.generation, target.invalid = generation, invalid
-        if changed_probe:
+        if changed_probe and self._priming is not None:
+            self._priming[key] = body.get("status") or {}
+        elif changed_probe:
             relocated = old_spec is not None and (
                 target.endpoint != self._monitor.targets.get(_monitor_name(key), ProbeTarget("", "")).endpoint
                 or _expected_model(old_spec) != _expected_model(spec)
@@ -399,12 +416,17 @@ class FleetEngine:
     async def write_pass(self, now: float) -> float:
         """One writer pass at loop time ``now``: transitions first, then fleets, then heartbeats and events.
 
+        Each target sweep keeps up to ``_WRITE_CONCURRENCY`` PATCHes in flight.
+
         Returns the loop time by which the next pass is due (a heartbeat, a coalescing window, a retry).
         """
         heartbeat = self._settings.status_heartbeat_seconds
         next_due = now + heartbeat
-        # Targets: phase changes (stable part) first, heartbeats after, in one sweep each.
+        # Targets' phase changes (stable part), then fleets, then targets' heartbeats: a fleet (what trainers read)
+        # never waits behind a heartbeat wave. The PATCHes of one sweep overlap, bounded.
         for heartbeat_pass in (False, True):
+            writes: list[tuple[_Target, dict[str, Any]]] = []
+            checked: list[tuple[TargetKey, _Target]] = []
             for key, target in list(self._targets.items()):
                 if target.retry_at > now:
                     next_due = min(next_due, target.retry_at)
@@ -413,17 +435,37 @@ class FleetEngine:
                 desired = self._target_status(key, target)
                 if desired is None:
                     continue
+                checked.append((key, target))
                 if status_needs_write(target.written, _compact(desired), SHARD_VOLATILE_KEYS, heartbeat_due=due):
-                    await self._write(target, desired, now)
+                    writes.append((target, desired))
                 elif due:
                     target.written_at = now  # checked: nothing new to say until the next heartbeat
-                if heartbeat_pass and key in self._targets:
-                    next_due = min(next_due, max(target.written_at + heartbeat, target.retry_at))
-        if self._synced.is_set():
-            for fleet in list(self._fleets.values()):
-                next_due = min(next_due, await self._maybe_write_fleet(fleet, now))
+            await self._write_all(writes, now)
+            if heartbeat_pass:
+                for key, target in checked:
+                    if key in self._targets:
+                        next_due = min(next_due, max(target.written_at + heartbeat, target.retry_at))
+            elif self._synced.is_set():
+                for fleet in list(self._fleets.values()):
+                    next_due = min(next_due, await self._maybe_write_fleet(fleet, now))
         await self._post_events()
         return next_due
+
+    async def _write_all(self, writes: list[tuple[_Target, dict[str, Any]]], now: float) -> None:
+        """Write target statuses with up to ``_WRITE_CONCURRENCY`` PATCHes in flight."""
+        if len(writes) <= 1:
+            for target, desired in writes:
+                await self._write(target, desired, now)
+            return
+        limit = asyncio.Semaphore(_WRITE_CONCURRENCY)
+
+        async def one(target: _Target, desired: dict[str, Any]) -> None:
+            async with limit:
+                await self._write(target, desired, now)
+
+        async with asyncio.TaskGroup() as group:  # a surprise in one write cancels the rest; the pass is retried
+            for target, desired in writes:
+                group.create_task(one(target, desired))
 
     def _target_status(self, key: TargetKey, target: _Target) -> dict[str, Any] | None:
         previous = _parse(ShardStatus, target.written)
