@@ -207,10 +207,15 @@ async def test_the_operator_never_probes_a_forbidden_shard_and_keeps_it_out_of_t
         await engine.prime()
         await engine.probe_now()
         await engine.write_pass(asyncio.get_running_loop().time() + 60.0)
-    for name in ("metadata", "mapped", "foreign", "userinfo"):
+    for name in ("metadata", "mapped", "foreign"):
         status = kube.statuses[name]
         assert status["phase"] == "Unhealthy", status
         assert "forbidden_target" in status["lastError"], status
+    # Credentials in an endpoint make the spec invalid (the CRD refuses it too): never probed, never echoed.
+    userinfo = kube.statuses["userinfo"]
+    assert userinfo["phase"] == "Pending", userinfo
+    assert "must not carry credentials" in userinfo["lastError"], userinfo
+    assert "a:b@" not in str(userinfo)
     assert kube.statuses["good"]["phase"] == "Healthy"
     assert [entry["name"] for entry in kube.statuses["f"]["shards"]] == ["good"]
     assert set(hits) == {"/health"}  # only the allowlisted shard was contacted
