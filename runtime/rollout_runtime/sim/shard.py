@@ -387,19 +387,7 @@ class SimShard:
                     }
                 )
         return await self._respond(
-            request,
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": self.served_model,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            },
+            request, self._envelope("cmpl", "text_completion", choices, prompt_tokens, completion_tokens)
         )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -439,20 +427,25 @@ class SimShard:
                 }
             )
         return await self._respond(
-            request,
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.served_model,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            },
+            request, self._envelope("chatcmpl", "chat.completion", choices, prompt_tokens, completion_tokens)
         )
+
+    def _envelope(
+        self, id_prefix: str, kind: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+    ) -> dict[str, Any]:
+        """The OpenAI response around the choices, as vLLM shapes it for both completion endpoints."""
+        return {
+            "id": f"{id_prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.served_model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
 
     # ------------------------------------------------------------------------------------------ admin
 
