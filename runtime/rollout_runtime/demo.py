@@ -30,8 +30,12 @@ from rollout_runtime.dispatch import (
     DispatchEvent,
     DispatchPolicy,
     FailureLedger,
+    HealthyShardsChanged,
     RunStats,
+    ShardEjected,
+    ShardRestored,
     Skipped,
+    StallDetected,
 )
 from rollout_runtime.environment import EnvironmentClient
 from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall
@@ -251,15 +255,14 @@ async def run_demo(
             return DemoResult(answer=completion.text, reward=reply.reward)
 
         def observe(event: DispatchEvent) -> None:
-            name = type(event).__name__
-            if name == "ShardEjected":
-                view.note(f"ejected {event.shard} for {event.seconds:.1f}s (passive: a request failed)")  # type: ignore[union-attr]
-            elif name == "ShardRestored":
-                view.note(f"restored {event.shard} ({event.reason})")  # type: ignore[union-attr]
-            elif name == "HealthyShardsChanged":
-                view.routable = event.routable  # type: ignore[union-attr]
-            elif name == "StallDetected":
-                view.note(f"STALL: nothing committed for {event.idle_seconds:.0f}s")  # type: ignore[union-attr]
+            if isinstance(event, ShardEjected):
+                view.note(f"ejected {event.shard} for {event.seconds:.1f}s (passive: a request failed)")
+            elif isinstance(event, ShardRestored):
+                view.note(f"restored {event.shard} ({event.reason})")
+            elif isinstance(event, HealthyShardsChanged):
+                view.routable = event.routable
+            elif isinstance(event, StallDetected):
+                view.note(f"STALL: nothing committed for {event.idle_seconds:.0f}s")
 
         dispatcher = await stack.enter_async_context(
             Dispatcher(
