@@ -52,6 +52,7 @@ __all__ = [
     "DemoPrompt",
     "DemoReport",
     "DemoResult",
+    "DemoView",
     "chaos_schedule",
     "demo_prompts",
     "run_demo",
