@@ -16,32 +16,18 @@ from kubernetes_asyncio import client
 from rollout_runtime.shards import HealthySet, KubernetesShardSource
 from rollout_runtime.sim import SimFleet
 from support.controlplane import ControlPlane
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.operator import (
+    API,
+    OperatorProcess,
+    api_client,
+    fleet_objects,
+    published_names,
+    wait_for_object,
+)
 
 pytestmark = pytest.mark.e2e
 
-API = "rolloutfleet.dev/v1alpha1"
 PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
-
-
-def objects(fleet: SimFleet) -> list[dict[str, Any]]:
-    shards = [
-        {
-            "apiVersion": API,
-            "kind": "GenerationShard",
-            "metadata": {"name": s.name, "labels": {"fleet": "a"}},
-            "spec": {"endpoint": s.endpoint, "model": s.model, "probe": PROBE},
-        }
-        for s in fleet.shards
-    ]
-    return [
-        *shards,
-        {"apiVersion": API, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": {"shardSelector": {}}},
-    ]
-
-
-def names(obj: dict[str, Any]) -> set[str]:
-    return {entry["name"] for entry in status_of(obj).get("shards", [])}
 
 
 async def test_one_of_two_replicas_leads_and_sigterm_hands_over_without_emptying_the_set(
@@ -49,7 +35,7 @@ async def test_one_of_two_replicas_leads_and_sigterm_hands_over_without_emptying
 ) -> None:
     ns = fleet_namespace
     async with SimFleet(2, log_dir=tmp_path / "sim") as fleet, api_client(fleet_crds.kubeconfig) as api:
-        fleet_crds.apply(*objects(fleet), namespace=ns)
+        fleet_crds.apply(*fleet_objects(fleet.shards, PROBE), namespace=ns)
         first, second = (OperatorProcess(fleet_crds, ns, tmp_path, identity=name) for name in ("op-a", "op-b"))
         operator_processes.extend([first, second])
         first.start()
@@ -57,7 +43,7 @@ async def test_one_of_two_replicas_leads_and_sigterm_hands_over_without_emptying
         second.start()
         await second.wait_role("standby")
         both = {"shard-0", "shard-1"}
-        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: names(o) == both)
+        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == both)
 
         published: list[HealthySet] = []
         source = KubernetesShardSource("a", ns, kubeconfig=fleet_crds.kubeconfig)
@@ -79,7 +65,7 @@ async def test_one_of_two_replicas_leads_and_sigterm_hands_over_without_emptying
             assert lease["spec"]["holderIdentity"] == "op-b"
 
             await fleet.kill("shard-0")
-            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: names(o) == {"shard-1"})
+            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == {"shard-1"})
             assert await second.metric("fleet_status_writes_total") > 0
         finally:
             follower.cancel()

@@ -15,11 +15,10 @@ import pytest
 
 from rollout_runtime.sim import SimFleet
 from support.controlplane import ControlPlane
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.operator import OperatorProcess, api_client, fleet_objects, published_names, status_of, wait_for_object
 
 pytestmark = pytest.mark.e2e
 
-API = "rolloutfleet.dev/v1alpha1"
 PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
 OPERATOR_RULES: list[dict[str, Any]] = [
     {
@@ -35,35 +34,6 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
-
-
-def objects(fleet: SimFleet) -> list[dict[str, Any]]:
-    shards = [
-        {
-            "apiVersion": API,
-            "kind": "GenerationShard",
-            "metadata": {"name": s.name, "labels": {"fleet": "a"}},
-            "spec": {"endpoint": s.endpoint, "model": s.model, "probe": PROBE},
-        }
-        for s in fleet.shards
-    ]
-    environment = {
-        "apiVersion": API,
-        "kind": "EnvironmentServer",
-        "metadata": {"name": "env", "labels": {"fleet": "a"}},
-        "spec": {"endpoint": fleet.shards[0].endpoint, "protocol": "verifier", "probe": PROBE},
-    }
-    fleet_object = {
-        "apiVersion": API,
-        "kind": "RolloutFleet",
-        "metadata": {"name": "a"},
-        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}, "environmentServerSelector": {}},
-    }
-    return [*shards, environment, fleet_object]
-
-
-def names(obj: dict[str, Any]) -> set[str]:
-    return {entry["name"] for entry in status_of(obj).get("shards", [])}
 
 
 async def test_the_operator_needs_nothing_beyond_the_documented_rbac_rules(
@@ -86,7 +56,9 @@ async def test_the_operator_needs_nothing_beyond_the_documented_rbac_rules(
     fleet_crds.apply(role, binding, namespace=ns)
     kubeconfig = fleet_crds.service_account_kubeconfig(ns, "operator")
     async with SimFleet(2, log_dir=tmp_path / "sim") as fleet, api_client(fleet_crds.kubeconfig) as api:
-        fleet_crds.apply(*objects(fleet), namespace=ns)
+        fleet_crds.apply(
+            *fleet_objects(fleet.shards, PROBE, environment_endpoint=fleet.shards[0].endpoint), namespace=ns
+        )
         operator = OperatorProcess(fleet_crds, ns, tmp_path, identity="least", kubeconfig=kubeconfig)
         operator_processes.append(operator)
         operator.start()
@@ -96,11 +68,11 @@ async def test_the_operator_needs_nothing_beyond_the_documented_rbac_rules(
             "rolloutfleets",
             ns,
             "a",
-            lambda o: names(o) == {"shard-0", "shard-1"} and status_of(o).get("readyEnvironmentServers") == 1,
+            lambda o: published_names(o) == {"shard-0", "shard-1"} and status_of(o).get("readyEnvironmentServers") == 1,
         )
         assert status_of(published)["healthy"] == "2/2"
         await fleet.kill("shard-1")
-        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: names(o) == {"shard-0"})
+        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == {"shard-0"})
         events = fleet_crds.kubectl_json("get", "events", "-n", ns, "--field-selector=involvedObject.name=shard-1")
         assert "BecameUnhealthy" in {e["reason"] for e in events["items"]}
         assert (
@@ -128,7 +100,9 @@ async def test_the_operator_keeps_reconciling_after_the_api_server_restarts(
     a Lease shorter than the outage it steps down, campaigns again and starts a fresh term in the same process."""
     ns = fleet_namespace
     async with SimFleet(2, log_dir=tmp_path / "sim") as fleet:
-        fleet_crds.apply(*objects(fleet), namespace=ns)
+        fleet_crds.apply(
+            *fleet_objects(fleet.shards, PROBE, environment_endpoint=fleet.shards[0].endpoint), namespace=ns
+        )
         operator = OperatorProcess(
             fleet_crds,
             ns,
@@ -141,7 +115,7 @@ async def test_the_operator_keeps_reconciling_after_the_api_server_restarts(
         operator.start()
         await operator.wait_role("leader")
         async with api_client(fleet_crds.kubeconfig) as api:
-            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: names(o) == {"shard-0", "shard-1"})
+            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == {"shard-0", "shard-1"})
         fleet_crds.kill_apiserver()  # every watch and connection drops at once
         await fleet.kill("shard-1")  # ...and the fleet changes while the operator cannot write
         if lease_duration < 10:  # outlast the renew deadline: the leader must step down before anyone could take over
@@ -149,7 +123,7 @@ async def test_the_operator_keeps_reconciling_after_the_api_server_restarts(
         await asyncio.to_thread(fleet_crds.start_apiserver)
         async with api_client(fleet_crds.kubeconfig) as api:
             after = await wait_for_object(
-                api, "rolloutfleets", ns, "a", lambda o: names(o) == {"shard-0"}, guard_seconds=90
+                api, "rolloutfleets", ns, "a", lambda o: published_names(o) == {"shard-0"}, guard_seconds=90
             )
         assert status_of(after)["healthy"] == "1/2"
         assert operator.process.running, operator.log_tail()

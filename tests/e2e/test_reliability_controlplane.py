@@ -29,12 +29,11 @@ from rollout_runtime.sim import SimFleet, expected_answer
 from support.chaos import report_dir
 from support.controlplane import ControlPlane
 from support.dispatch import assert_accounted, by_kind
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.operator import OperatorProcess, api_client, fleet_objects, status_of, wait_for_object
 from support.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
-API = "rolloutfleet.dev/v1alpha1"
 PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.4, "failureThreshold": 2, "successThreshold": 2}
 PROMPTS = 240
 GATE_AT = 120
@@ -82,25 +81,6 @@ class View:
         return round(time.monotonic() - started, 2)
 
 
-def objects(fleet: SimFleet) -> list[dict[str, Any]]:
-    shards = [
-        {
-            "apiVersion": API,
-            "kind": "GenerationShard",
-            "metadata": {"name": s.name, "labels": {"fleet": "a"}},
-            "spec": {"endpoint": s.endpoint, "model": s.model, "probe": PROBE},
-        }
-        for s in fleet.shards
-    ]
-    fleet_object = {
-        "apiVersion": API,
-        "kind": "RolloutFleet",
-        "metadata": {"name": "a"},
-        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}},
-    }
-    return [*shards, fleet_object]
-
-
 async def test_the_dispatcher_keeps_going_through_apiserver_etcd_and_operator_crashes(
     chaos_plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,7 +90,7 @@ async def test_the_dispatcher_keeps_going_through_apiserver_etcd_and_operator_cr
     timeline: list[dict[str, Any]] = []
     operators: list[OperatorProcess] = []
     async with SimFleet(3, log_dir=tmp_path / "sim") as fleet, api_client(plane.kubeconfig) as api:
-        plane.apply(*objects(fleet), namespace=ns)
+        plane.apply(*fleet_objects(fleet.shards, PROBE), namespace=ns)
         first = OperatorProcess(plane, ns, tmp_path, identity="op-1")
         operators.append(first)
         first.start()

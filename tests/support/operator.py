@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_operator.crds import KINDS, generate_crds
+from rollout_runtime.shards import Shard
 from support.controlplane import ControlPlane
 from support.processes import ManagedProcess, free_port
 
@@ -105,6 +106,43 @@ async def wait_for_object(
 
 def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status") or {})
+
+
+API = "rolloutfleet.dev/v1alpha1"
+
+
+def fleet_objects(
+    shards: Iterable[Shard], probe: Mapping[str, Any], *, environment_endpoint: str | None = None
+) -> list[dict[str, Any]]:
+    """A GenerationShard per shard (labelled fleet=a), optionally an EnvironmentServer "env", and RolloutFleet "a"
+    selecting them: the fleet most operator e2e tests reconcile."""
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": API,
+            "kind": "GenerationShard",
+            "metadata": {"name": s.name, "labels": {"fleet": "a"}},
+            "spec": {"endpoint": s.endpoint, "model": s.model, "probe": dict(probe)},
+        }
+        for s in shards
+    ]
+    fleet_spec: dict[str, Any] = {"shardSelector": {"matchLabels": {"fleet": "a"}}}
+    if environment_endpoint is not None:
+        objects.append(
+            {
+                "apiVersion": API,
+                "kind": "EnvironmentServer",
+                "metadata": {"name": "env", "labels": {"fleet": "a"}},
+                "spec": {"endpoint": environment_endpoint, "protocol": "verifier", "probe": dict(probe)},
+            }
+        )
+        fleet_spec["environmentServerSelector"] = {}
+    objects.append({"apiVersion": API, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": fleet_spec})
+    return objects
+
+
+def published_names(obj: Mapping[str, Any]) -> set[str]:
+    """The shard names in a RolloutFleet's published healthy set."""
+    return {entry["name"] for entry in status_of(obj).get("shards", [])}
 
 
 class OperatorProcess:
