@@ -352,6 +352,16 @@ def _metric(scenario: ScenarioResult, name: str, **labels: str) -> float:
     return scenario.metrics.get(key, 0.0)
 
 
+def _outcome_kinds(result: ScenarioResult) -> Counter[str]:
+    """Outcomes by type name: Completed, DataFailed, Skipped."""
+    return Counter(type(o).__name__ for o in result.outcomes)
+
+
+def _attempt_outcomes(result: ScenarioResult) -> Counter[str]:
+    """Attempts by outcome, as the dispatcher's AttemptEnded events report them."""
+    return Counter(e.outcome for _, e in result.events if isinstance(e, AttemptEnded))
+
+
 def check_invariants(result: ScenarioResult) -> list[str]:
     """Everything that must hold after a scenario, whatever the faults did; the violations (empty: all hold)."""
     problems: list[str] = []
@@ -407,7 +417,7 @@ def check_invariants(result: ScenarioResult) -> list[str]:
             problems.append(f"attempt {attempt.attempt_id} never ended")
 
     # 3. Metrics equal the ledger, the outcomes and the events.
-    kinds = Counter(type(o).__name__ for o in result.outcomes)
+    kinds = _outcome_kinds(result)
     for label, kind in (("completed", "Completed"), ("data_failed", "DataFailed"), ("skipped", "Skipped")):
         if _metric(result, "rollout_prompts_total", result=label) != kinds[kind]:
             problems.append(f"rollout_prompts_total{{{label}}} != {kinds[kind]} outcomes")
@@ -418,7 +428,7 @@ def check_invariants(result: ScenarioResult) -> list[str]:
     failed_ids = sorted(int(o.prompt_id) for o in result.outcomes if not isinstance(o, Completed))
     if ledger_ids != failed_ids:
         problems.append("ledger prompt ids differ from the data-failed/skipped outcomes")
-    ended = Counter(e.outcome for _, e in result.events if isinstance(e, AttemptEnded))
+    ended = _attempt_outcomes(result)
     with_shard = sum(1 for _, e in result.events if isinstance(e, AttemptEnded) and e.shard is not None)
     # A run that raises cancels its attempts in flight: no AttemptEnded is emitted for them. The dispatcher counts
     # those it cancels itself as cancelled, but not those a shard eviction ended after the run had raised (reported
@@ -532,7 +542,7 @@ def summarize(result: ScenarioResult, problems: Sequence[str]) -> dict[str, Any]
             # waiting for the prompts queued before it, not only the fault itself.
             "extra_latency_mean_seconds": round(statistics.fmean(hit) - clean_mean, 3) if hit else None,
         }
-    kinds = Counter(type(o).__name__ for o in result.outcomes)
+    kinds = _outcome_kinds(result)
     continued = [
         int(o.prompt_id)
         for o in result.outcomes
@@ -558,7 +568,7 @@ def summarize(result: ScenarioResult, problems: Sequence[str]) -> dict[str, Any]
         "faults_scheduled": dict(result.config.schedule.kinds()),
         "faults_injected": dict(Counter(f.fault.kind.value for f in result.injected)),
         "faults": [f.to_json() for f in result.injected],
-        "attempts": dict(Counter(e.outcome for _, e in result.events if isinstance(e, AttemptEnded))),
+        "attempts": dict(_attempt_outcomes(result)),
         "failure_types": dict(Counter(e.failure_type for _, e in failed if e.failure_type)),
         "ejections": sum(1 for _, e in result.events if isinstance(e, ShardEjected)),
         "redispatches": result.stats["redispatches"],

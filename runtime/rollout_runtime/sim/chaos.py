@@ -343,9 +343,6 @@ class FaultInjector:
     def active(self) -> int:
         return sum(1 for task in self._tasks if not task.done())
 
-    def kinds_injected(self) -> Counter[str]:
-        return Counter(f.fault.kind.value for f in self.injected)
-
     def advance(self, progress: float) -> None:
         """Start every pending fault whose ``at_progress`` is at most ``progress``."""
         while self._pending and self._pending[0].at_progress <= progress:
