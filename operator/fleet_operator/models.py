@@ -2,22 +2,30 @@
 
 Group ``rolloutfleet.dev``, version ``v1alpha1``. Python names are snake_case, Kubernetes names camelCase (aliases);
 both validate. The CRDs in ``crds/`` are generated from these classes by :mod:`fleet_operator.crds`, so a field's
-type, bounds, default and description live here exactly once. Cross-field rules are written twice on purpose: as
-a CEL rule in ``json_schema_extra`` (the API server rejects a bad object with that message) and as a pydantic
-validator (the operator and the runtime never act on an object that slipped past an older CRD); a unit test
-checks that both layers reject the same specs.
+type, bounds, default and description live here exactly once. The probe (``ProbeSpec``) and the fleet's policy
+(``DispatchPolicySpec``) are not declared here at all: they are derived from the runtime's ``ProbeSettings`` and
+``DispatchPolicy`` and that model's :class:`~rollout_runtime.schema.ClusterView` (what differs in a cluster,
+stated once beside the runtime model). A cross-field rule is a CEL rule in ``json_schema_extra`` (the API server
+rejects a bad object with that message) and a pydantic validator (the operator and the runtime never act on an
+object that slipped past an older CRD); for the derived models both come from one rules list, for the rest a unit
+test checks that both layers reject the same specs.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Annotated, Any, Final, Literal
+import types
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
+from rollout_runtime.dispatch.policy import FLEET_POLICY, DispatchPolicy
 from rollout_runtime.health import HealthPhase, ProbeSettings
+from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER
+from rollout_runtime.schema import ClusterView, rules_validator
 
 __all__ = [
     "API_VERSION",
@@ -39,7 +47,6 @@ __all__ = [
     "RolloutFleetStatus",
     "ServiceRef",
     "ShardStatus",
-    "StallAction",
 ]
 
 GROUP: Final[str] = "rolloutfleet.dev"
@@ -48,7 +55,6 @@ API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-_PROBE_PATH = r"^/[^?#\\\s]*$"
 
 _MAP_LIST_BY_TYPE: Final[dict[str, Any]] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 _MAP_LIST_BY_NAME: Final[dict[str, Any]] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
@@ -76,6 +82,55 @@ class _KubeModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def _non_null(annotation: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        (member,) = (arg for arg in get_args(annotation) if arg is not type(None))
+        return member
+    return annotation
+
+
+def _field_in_cluster(name: str, info: FieldInfo, view: ClusterView) -> tuple[Any, FieldInfo]:
+    """A runtime field as the view says it is in a cluster: same type, bounds, default and description otherwise."""
+    annotation, metadata, default = info.annotation, list(info.metadata), info.default
+    if name in view.defaults:
+        annotation, default = _non_null(annotation), view.defaults[name]
+    if name in view.minimum:
+        metadata = [m for m in metadata if not isinstance(m, annotated_types.Gt | annotated_types.Ge)]
+        metadata.append(annotated_types.Ge(view.minimum[name]))
+    extra = dict(view.schema.get(name, {})) or None
+    if info.default_factory is not None and name not in view.defaults:
+        field = Field(default_factory=info.default_factory, description=info.description, json_schema_extra=extra)
+    else:
+        field = Field(default=default, description=info.description, json_schema_extra=extra)
+    return (Annotated[annotation, *metadata] if metadata else annotation), field
+
+
+def _in_cluster(source: type[BaseModel], view: ClusterView, *, subclass: bool = False) -> type[_KubeModel]:
+    """The CRD model of runtime model ``source``: its fields as ``view`` says they are in a cluster, camelCase, and the
+    view's rules both as CEL (``x-kubernetes-validations``) and as a validator with the CEL messages (pydantic's
+    error location names the parent field, so the messages drop the ``scope.`` prefix).
+
+    ``subclass``: the result is also a ``source`` (a ProbeSpec is the ProbeSettings HealthState takes) and re-declares
+    only the fields the view changes; otherwise it copies every field but the excluded ones.
+    """
+    if subclass and view.excluded:
+        raise ValueError(f"a subclass of {source.__name__} cannot drop fields {sorted(view.excluded)}")
+    names = [name for name in source.model_fields if name not in view.excluded]
+    redeclared = [name for name in names if not subclass or name in view.changed()]
+    optional = {name for name in names if source.model_fields[name].default is None and name not in view.defaults}
+    annotations: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__module__": __name__, "__annotations__": annotations}
+    for name in redeclared:
+        annotations[name], namespace[name] = _field_in_cluster(name, source.model_fields[name], view)
+    if view.rules:
+        validations: list[Any] = [rule.cel(scope=view.scope, optional=optional) for rule in view.rules]
+        namespace["model_config"] = ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
+        namespace["_rules"] = rules_validator(view.rules, name=to_camel, show_values=False)
+    bases = (_KubeModel, source) if subclass else (_KubeModel,)
+    return type(f"_{source.__name__}InCluster", bases, namespace)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Shared parts
 
@@ -91,37 +146,8 @@ class ServiceRef(_KubeModel):
     """URL scheme used for probes and traffic."""
 
 
-class ProbeSpec(_KubeModel, ProbeSettings):
+class ProbeSpec(_in_cluster(ProbeSettings, PROBE_IN_CLUSTER, subclass=True)):  # type: ignore[misc]
     """Active health probe: GET ``path`` (and, for generation shards with a model, ``/v1/models``) every period."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.timeoutSeconds < self.periodSeconds",
-                    "probe.timeoutSeconds must be less than probe.periodSeconds, or probes of one target overlap;"
-                    " lower timeoutSeconds or raise periodSeconds",
-                    fieldPath=".timeoutSeconds",
-                ),
-                _cel(
-                    "!self.path.startsWith('//')",
-                    "probe.path must be a path on the target like /health, not a host (it starts with //)",
-                    fieldPath=".path",
-                ),
-            ]
-        },
-    )
-
-    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=_PROBE_PATH)] = "/health"
-    """Health endpoint path relative to the base URL (no query, no fragment)."""
-    period_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 5.0
-    """Seconds between probe starts."""
-    timeout_seconds: Annotated[float, Field(ge=0.01, le=3600)] = 2.0
-    """Deadline for one whole probe; must be less than periodSeconds."""
-    failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 3
-    """Consecutive failed probes that take a target out of the healthy set."""
-    success_threshold: Annotated[int, Field(ge=1, le=1000)] = 2
-    """Consecutive successful probes that bring a target (back) into the healthy set."""
 
 
 _ENDPOINT_RULES: Final[list[Any]] = [
@@ -310,88 +336,11 @@ class LabelSelector(_KubeModel):
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
 
 
-class StallAction(str, enum.Enum):
-    """What the runtime's stall watchdog does when nothing commits within the deadline."""
-
-    WARN = "warn"
-    ABORT = "abort"
-
-
-class DispatchPolicySpec(_KubeModel):
+class DispatchPolicySpec(_in_cluster(DispatchPolicy, FLEET_POLICY)):  # type: ignore[misc]
     """The retry and stall policy the trainer-side runtime applies to this fleet (read by KubernetesShardSource).
 
     Field names and defaults are DispatchPolicy's (camelCase), except that attemptTimeoutSeconds defaults to 300 s.
     """
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.stallDeadlineSeconds > self.attemptTimeoutSeconds",
-                    "policy.stallDeadlineSeconds must be greater than policy.attemptTimeoutSeconds, or the watchdog"
-                    " fires while a healthy attempt is still within its deadline",
-                    fieldPath=".stallDeadlineSeconds",
-                ),
-                _cel(
-                    "self.stallCheckSeconds <= self.stallDeadlineSeconds",
-                    "policy.stallCheckSeconds must not exceed policy.stallDeadlineSeconds, or a stall can go unseen",
-                    fieldPath=".stallCheckSeconds",
-                ),
-                _cel(
-                    "self.backoffMaxSeconds >= self.backoffInitialSeconds",
-                    "policy.backoffMaxSeconds must be at least policy.backoffInitialSeconds",
-                    fieldPath=".backoffMaxSeconds",
-                ),
-                _cel(
-                    "self.ejectionMaxSeconds >= self.ejectionBaseSeconds",
-                    "policy.ejectionMaxSeconds must be at least policy.ejectionBaseSeconds",
-                    fieldPath=".ejectionMaxSeconds",
-                ),
-            ]
-        }
-    )
-
-    max_infra_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
-    """Attempts per prompt that may fail for infrastructure reasons before the run gives up."""
-    max_data_attempts: Annotated[int, Field(ge=1, le=100)] = 2
-    """Attempts per prompt that may fail for data reasons before the prompt is reported data-failed."""
-    backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600)] = 1.0
-    """First backoff between infra attempts; multiplied by backoffMultiplier up to backoffMaxSeconds."""
-    backoff_max_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
-    backoff_multiplier: Annotated[float, Field(ge=1, le=100)] = 2.0
-    backoff_jitter: Annotated[float, Field(ge=0, le=1)] = 0.5
-    """Fraction of each backoff randomised downwards."""
-    attempt_timeout_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
-    """Deadline for one rollout attempt (exceeding it is an infra failure)."""
-    max_concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    """Attempts in flight at once across the fleet; unset: every prompt of a run at once."""
-    max_skipped_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-    """Prompts that may exhaust their infra budget and be skipped before the run fails."""
-    healthy_wait_seconds: Annotated[float, Field(ge=0, le=86_400)] = 30.0
-    """How long an attempt waits for an eligible shard before failing with NoHealthyShards."""
-    ejection_base_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
-    """Passive ejection after an infra failure lasts this long at first, doubling on repeats."""
-    ejection_max_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
-    max_ejection_percent: Annotated[float, Field(ge=0, le=100)] = 50.0
-    """Share of the healthy set that may be ejected at once."""
-    stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800)] = 600.0
-    """Rollouts in flight but none committed for this long is a stall."""
-    stall_check_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
-    """How often the stall watchdog looks."""
-    stall_action: StallAction = StallAction.WARN
-    """warn: log and count; abort: raise RolloutStall in the trainer."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DispatchPolicySpec:
-        if self.stall_deadline_seconds <= self.attempt_timeout_seconds:
-            raise ValueError("policy.stallDeadlineSeconds must be greater than policy.attemptTimeoutSeconds")
-        if self.stall_check_seconds > self.stall_deadline_seconds:
-            raise ValueError("policy.stallCheckSeconds must not exceed policy.stallDeadlineSeconds")
-        if self.backoff_max_seconds < self.backoff_initial_seconds:
-            raise ValueError("policy.backoffMaxSeconds must be at least policy.backoffInitialSeconds")
-        if self.ejection_max_seconds < self.ejection_base_seconds:
-            raise ValueError("policy.ejectionMaxSeconds must be at least policy.ejectionBaseSeconds")
-        return self
 
 
 class RolloutFleetSpec(_KubeModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,15 +25,21 @@ def test_defaults_are_the_documented_ones() -> None:
     [
         (
             {"attempt_timeout_seconds": 600},
-            "stall_deadline_seconds (600.0) must be longer than attempt_timeout_seconds (600.0)",
+            "stall_deadline_seconds (600.0) must be greater than attempt_timeout_seconds (600.0)",
         ),
         (
             {"attempt_timeout_seconds": 120, "stall_deadline_seconds": 60, "stall_check_seconds": 10},
-            "stall_deadline_seconds (60.0) must be longer than attempt_timeout_seconds (120.0)",
+            "stall_deadline_seconds (60.0) must be greater than attempt_timeout_seconds (120.0)",
         ),
-        ({"backoff_initial_seconds": 10, "backoff_max_seconds": 5}, "backoff_max_seconds (5.0) must be >= "),
-        ({"ejection_base_seconds": 60, "ejection_max_seconds": 30}, "ejection_max_seconds (30.0) must be >= "),
-        ({"stall_check_seconds": 700}, "stall_check_seconds (700.0) must be <= stall_deadline_seconds (600.0)"),
+        (
+            {"backoff_initial_seconds": 10, "backoff_max_seconds": 5},
+            "backoff_max_seconds (5.0) must be at least backoff_initial_seconds (10.0)",
+        ),
+        (
+            {"ejection_base_seconds": 60, "ejection_max_seconds": 30},
+            "ejection_max_seconds (30.0) must be at least ejection_base_seconds (60.0)",
+        ),
+        ({"stall_check_seconds": 700}, "stall_check_seconds (700.0) must not exceed stall_deadline_seconds (600.0)"),
         ({"max_infra_attempts": 0}, "max_infra_attempts\n  Input should be greater than or equal to 1"),
         ({"attempt_timeout_seconds": 0}, "attempt_timeout_seconds\n  Input should be greater than 0"),
         ({"stall_action": "panic"}, "stall_action\n  Input should be 'warn' or 'abort'"),
@@ -56,3 +63,30 @@ def test_a_stall_deadline_longer_than_the_attempt_timeout_is_accepted() -> None:
 def test_policy_is_immutable() -> None:
     with pytest.raises(ValidationError, match="frozen"):
         DispatchPolicy().max_infra_attempts = 9  # type: ignore[misc]
+
+
+def test_from_fleet_reads_camel_case_with_the_fleet_defaults_and_overrides_winning(tmp_path: Path) -> None:
+    policy = DispatchPolicy.from_fleet(
+        {"maxInfraAttempts": 3, "stallAction": "abort"}, max_concurrency=8, failure_ledger_path=tmp_path / "l"
+    )
+    assert (policy.max_infra_attempts, policy.stall_action, policy.max_concurrency) == (3, "abort", 8)
+    assert policy.attempt_timeout_seconds == 300, "a fleet bounds an attempt by default"
+    assert policy.failure_ledger_path == tmp_path / "l"
+
+
+@pytest.mark.parametrize(
+    ("spec_policy", "error", "message"),
+    [
+        ({"maxRetries": 3, "maxInfraAttempts": 2}, ValueError, "does not know: maxRetries"),
+        ({"max_infra_attempts": 2}, ValueError, "does not know: max_infra_attempts"),
+        ({"failureLedgerPath": "/etc/passwd"}, ValueError, "does not know: failureLedgerPath"),
+        ({"maxInfraAttempts": 0}, ValidationError, "greater than or equal to 1"),
+        ({"stallDeadlineSeconds": 300}, ValidationError, "stall_deadline_seconds (300.0) must be greater than"),
+    ],
+)
+def test_from_fleet_refuses_unknown_fields_and_bad_values(
+    spec_policy: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as caught:
+        DispatchPolicy.from_fleet(spec_policy)
+    assert message in str(caught.value)

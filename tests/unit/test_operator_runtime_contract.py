@@ -3,13 +3,15 @@ election decisions, settings from the environment, and the status table."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from pydantic.alias_generators import to_snake
 from rich.console import Console
 
+from fleet_operator.crds import ROLLOUT_FLEET, render_crd
 from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status
 from fleet_operator.leader import LeaseAction, LeaseRecord, decide
-from fleet_operator.models import DispatchPolicySpec, GenerationShardSpec, RolloutFleetSpec
+from fleet_operator.models import GenerationShardSpec, RolloutFleetSpec
 from fleet_operator.settings import OperatorSettings
 from fleet_operator.status_table import fleet_table
 from rollout_runtime.dispatch import DispatchPolicy
@@ -17,17 +19,18 @@ from rollout_runtime.health import HealthPhase
 from rollout_runtime.shards.kubernetes import healthy_set_from_status
 
 
-def test_every_fleet_policy_field_is_a_dispatch_policy_field_with_the_same_default() -> None:
-    spec_fields = {to_snake(field.alias or name) for name, field in DispatchPolicySpec.model_fields.items()}
-    assert spec_fields <= set(DispatchPolicy.model_fields)
-    runtime_defaults = DispatchPolicy().model_dump(mode="json")
-    for name, value in DispatchPolicySpec().model_dump(mode="json", by_alias=False).items():
-        if name != "attempt_timeout_seconds":  # bounded in a cluster on purpose (see the model's docstring)
-            assert value == runtime_defaults[name], name
+def _crd_policy() -> dict[str, Any]:
+    """``spec.policy`` of the RolloutFleet CRD: its schema, with the default the API server fills in."""
+    schema: dict[str, Any] = render_crd(ROLLOUT_FLEET)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema["properties"]["spec"]["properties"]["policy"]
 
 
-def test_the_policy_the_crd_defaults_is_a_valid_dispatch_policy() -> None:
-    DispatchPolicy(**DispatchPolicySpec().model_dump(mode="json", by_alias=False, exclude_none=True))
+def test_the_runtime_reads_every_policy_field_the_crd_stores() -> None:
+    schema = _crd_policy()
+    stored = {**schema["default"], "maxConcurrency": 4}
+    assert set(stored) == set(schema["properties"])
+    policy = DispatchPolicy.from_fleet(stored)
+    assert policy == DispatchPolicy(attempt_timeout_seconds=300, max_concurrency=4)
 
 
 def test_the_runtime_reads_the_healthy_set_the_operator_publishes() -> None:

@@ -1,21 +1,41 @@
 """The dispatcher's policy: budgets, backoff, ejection, stall watchdog; one validated object.
 
-Every knob has the default DESIGN.md names. Cross-field rules are checked here, at construction, so a bad
-policy fails when it is written rather than hours into a run (a stall deadline shorter than the attempt
-timeout would abort runs that are merely slow).
+Every knob has the default DESIGN.md names. Cross-field rules (:data:`POLICY_RULES`) are checked here, at
+construction, so a bad policy fails when it is written rather than hours into a run (a stall deadline shorter than
+the attempt timeout would abort runs that are merely slow). This model is also the one definition of a
+RolloutFleet's ``spec.policy``: the operator derives the CRD schema, its CEL rules and its defaults from it and
+:data:`FLEET_POLICY`, and :meth:`DispatchPolicy.from_fleet` reads such a policy back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
-__all__ = ["DispatchPolicy"]
+from rollout_runtime.schema import ClusterView, Comparison, rules_validator
 
-_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+__all__ = ["FLEET_POLICY", "POLICY_RULES", "DispatchPolicy"]
+
+# Upper bounds are finite so the CRD generated from this model is cheap for the API server's CEL cost estimate.
+_Seconds = Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)]
+_PositiveSeconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+
+POLICY_RULES: Final[tuple[Comparison, ...]] = (
+    Comparison(
+        "stall_deadline_seconds",
+        ">",
+        "attempt_timeout_seconds",
+        "or the watchdog fires while a healthy attempt is still within its deadline",
+    ),
+    Comparison("stall_check_seconds", "<=", "stall_deadline_seconds", "or a stall can go unseen"),
+    Comparison("backoff_max_seconds", ">=", "backoff_initial_seconds"),
+    Comparison("ejection_max_seconds", ">=", "ejection_base_seconds"),
+)
+"""The cross-field rules: checked at construction here and, as CEL, by the API server on a RolloutFleet."""
 
 
 class DispatchPolicy(BaseModel):
@@ -23,68 +43,78 @@ class DispatchPolicy(BaseModel):
 
     Infra and data attempts are budgeted independently: a prompt may use up to ``max_infra_attempts`` attempts
     that failed for infrastructure reasons *and* up to ``max_data_attempts`` that failed for data reasons.
+    A RolloutFleet's ``spec.policy`` is these fields in camelCase (see :data:`FLEET_POLICY` and :meth:`from_fleet`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     max_infra_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
     """Attempts a prompt may spend on infrastructure failures before it is exhausted."""
     max_data_attempts: Annotated[int, Field(ge=1, le=100)] = 2
     """Attempts a prompt may spend on data failures before it is reported data-failed."""
 
-    backoff_initial_seconds: _Seconds = 1.0
-    """Delay before the first infra redispatch; each further one multiplies it by ``backoff_multiplier``."""
-    backoff_max_seconds: _Seconds = 30.0
+    backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 1.0
+    """Delay before the first infra redispatch; each further one is multiplied by the backoff multiplier."""
+    backoff_max_seconds: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 30.0
+    """Cap on one backoff delay."""
     backoff_multiplier: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 2.0
+    """Factor between consecutive backoff delays."""
     backoff_jitter: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.5
-    """Fraction of each delay that is randomised downwards: the delay lies in ``[d * (1 - jitter), d]``."""
+    """Fraction of each delay that is randomised downwards: the delay lies in [d * (1 - jitter), d]."""
 
-    max_skipped_prompts: Annotated[int, Field(ge=0)] = 0
-    """Prompts whose infra budget may run out (reported as skipped) before the run raises instead."""
-    max_concurrency: Annotated[int, Field(ge=1)] | None = None
-    """Attempts in flight at once across all shards; None means every prompt of a run at once."""
     attempt_timeout_seconds: _PositiveSeconds | None = None
-    """Deadline of one attempt (None: unbounded); exceeding it is a RolloutTimeout (infra)."""
+    """Deadline of one attempt; exceeding it is a RolloutTimeout (infra). A RolloutFleet defaults it to 300 s;
+    DispatchPolicy() leaves it unset (unbounded)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    """Attempts in flight at once across all shards; unset means every prompt of a run at once."""
+    max_skipped_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """Prompts whose infra budget may run out (reported as skipped) before the run raises instead."""
     healthy_wait_seconds: _Seconds = 30.0
     """How long an attempt waits for an eligible shard before failing with NoHealthyShards (infra)."""
 
     ejection_base_seconds: _PositiveSeconds = 30.0
-    """First ejection of a shard lasts this long; repeated ones double it (Envoy's base_ejection_time)."""
+    """First passive ejection of a shard lasts this long; repeated ones double it (Envoy's base_ejection_time)."""
     ejection_max_seconds: _PositiveSeconds = 300.0
     """Cap on one ejection; also the quiet period after which a shard's ejection count is forgotten."""
     max_ejection_percent: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 50.0
-    """Share of the healthy set that may be ejected at once (at least one, never all: see ``ejection``)."""
+    """Share of the healthy set that may be ejected at once (at least one shard, never all)."""
 
-    stall_deadline_seconds: _PositiveSeconds = 600.0
+    stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800, allow_inf_nan=False)] = 600.0
     """Rollouts unfinished but nothing committed for this long is a stall."""
     stall_check_seconds: _PositiveSeconds = 30.0
+    """How often the stall watchdog looks."""
     stall_action: Literal["warn", "abort"] = "warn"
-    """On a stall: log and count it ("warn"), or end the run with RolloutStall ("abort")."""
+    """On a stall: log and count it (warn), or end the run with RolloutStall (abort)."""
 
     failure_ledger_path: Path | None = None
     """JSON-lines file that receives every data-failed (and skipped) prompt; None keeps no ledger."""
 
-    @model_validator(mode="after")
-    def _coherent(self) -> DispatchPolicy:
-        if self.backoff_max_seconds < self.backoff_initial_seconds:
+    _rules = rules_validator(POLICY_RULES)
+
+    @classmethod
+    def from_fleet(cls, spec_policy: Mapping[str, Any], **overrides: Any) -> DispatchPolicy:
+        """A RolloutFleet's ``spec.policy`` (camelCase, as the API server stores it) as a DispatchPolicy.
+
+        ``overrides`` are snake_case fields that win (the trainer's own choices, such as ``failure_ledger_path``).
+        A field the fleet's schema does not have is an error, not dropped: a runtime older than the CRD must not
+        run with a policy it half understood.
+        """
+        names = {to_camel(name): name for name in cls.model_fields if name not in FLEET_POLICY.excluded}
+        unknown = sorted(set(spec_policy) - set(names))
+        if unknown:
             raise ValueError(
-                f"backoff_max_seconds ({self.backoff_max_seconds}) must be >= backoff_initial_seconds "
-                f"({self.backoff_initial_seconds})"
+                f"RolloutFleet spec.policy has fields this runtime does not know: {', '.join(unknown)}"
+                f" (known: {', '.join(names)})"
             )
-        if self.ejection_max_seconds < self.ejection_base_seconds:
-            raise ValueError(
-                f"ejection_max_seconds ({self.ejection_max_seconds}) must be >= ejection_base_seconds "
-                f"({self.ejection_base_seconds})"
-            )
-        if self.stall_check_seconds > self.stall_deadline_seconds:
-            raise ValueError(
-                f"stall_check_seconds ({self.stall_check_seconds}) must be <= stall_deadline_seconds "
-                f"({self.stall_deadline_seconds}): the watchdog must look at least once per deadline"
-            )
-        timeout = self.attempt_timeout_seconds
-        if timeout is not None and self.stall_deadline_seconds <= timeout:
-            raise ValueError(
-                f"stall_deadline_seconds ({self.stall_deadline_seconds}) must be longer than "
-                f"attempt_timeout_seconds ({timeout}): otherwise one slow but legal attempt reads as a stall"
-            )
-        return self
+        fields = {**FLEET_POLICY.defaults, **{names[key]: value for key, value in spec_policy.items()}}
+        return cls(**{**fields, **overrides})
+
+
+FLEET_POLICY: Final[ClusterView] = ClusterView(
+    scope="policy",
+    rules=POLICY_RULES,
+    defaults={"attempt_timeout_seconds": 300.0},
+    excluded=frozenset({"failure_ledger_path"}),
+)
+"""A RolloutFleet's ``spec.policy`` against this model: in a cluster an attempt is bounded by default (a hung shard
+must not hold a prompt forever), and a cluster object cannot name a file on the trainer's machine."""

@@ -26,13 +26,18 @@ are still recorded underneath, so un-draining lands on the phase the probes supp
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from rollout_runtime.schema import ClusterView, Comparison, rules_validator
+
 __all__ = [
     "MAX_PROBE_MESSAGE_CHARS",
+    "PROBE_IN_CLUSTER",
+    "PROBE_RULES",
     "HealthPhase",
     "HealthState",
     "ProbeReason",
@@ -84,39 +89,63 @@ class ProbeReason(str, enum.Enum):
     """Anything else (a bug or an unexpected client error); the message says what."""
 
 
+PROBE_RULES: Final[tuple[Comparison, ...]] = (
+    Comparison("timeout_seconds", "<", "period_seconds", "or probes of one target overlap"),
+)
+"""The probe's cross-field rule: checked here and, as CEL, by the API server on a shard's ``spec.probe``."""
+
+_PROBE_PATH: Final[re.Pattern[str]] = re.compile(r"^/[^?#\\\s]*$")
+
+
 class ProbeSettings(BaseModel):
     """How a shard is probed. Defaults follow the CRD: period 5 s, timeout 2 s, failure 3, success 2.
 
     Field names are snake_case in Python and camelCase (``periodSeconds``) in Kubernetes; both validate.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, use_attribute_docstrings=True
+    )
 
     path: Annotated[str, Field(min_length=1, max_length=1024)] = "/health"
-    """The health endpoint, relative to the shard's base URL."""
+    """Health endpoint path relative to the target's base URL (no query, no fragment)."""
     period_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    """Seconds between probe starts."""
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
-    """Deadline for one whole probe (health plus model check)."""
+    """Deadline for one whole probe (health plus model check); must be less than the period."""
     failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 3
-    """Consecutive failures that make a shard Unhealthy."""
+    """Consecutive failed probes that make a target Unhealthy (out of the healthy set)."""
     success_threshold: Annotated[int, Field(ge=1, le=1000)] = 2
-    """Consecutive successes that make a Pending, Suspect or Unhealthy shard Healthy."""
+    """Consecutive successful probes that make a Pending, Suspect or Unhealthy target Healthy."""
 
     @field_validator("path")
     @classmethod
     def _absolute_path(cls, value: str) -> str:
-        if not value.startswith("/") or value.startswith("//") or any(c in value for c in "?#\\ \t\r\n"):
+        if not _PROBE_PATH.fullmatch(value) or value.startswith("//"):
             raise ValueError(f"path must be an absolute URL path like '/health' (no query, no host), got {value!r}")
         return value
 
-    @model_validator(mode="after")
-    def _timeout_below_period(self) -> ProbeSettings:
-        if self.timeout_seconds >= self.period_seconds:
-            raise ValueError(
-                f"timeout_seconds ({self.timeout_seconds}) must be less than period_seconds ({self.period_seconds}):"
-                " otherwise probes of one shard overlap"
-            )
-        return self
+    _rules = rules_validator(PROBE_RULES)
+
+
+PROBE_IN_CLUSTER: Final[ClusterView] = ClusterView(
+    scope="probe",
+    rules=PROBE_RULES,
+    minimum={"period_seconds": 0.05, "timeout_seconds": 0.01},
+    schema={
+        "path": {
+            "pattern": _PROBE_PATH.pattern,
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!self.startsWith('//')",
+                    "message": "probe.path must be a path on the target like /health, not a host (it starts with //)",
+                }
+            ],
+        }
+    },
+)
+"""A shard's ``spec.probe`` against this model: the operator probes every target of every namespace, so a
+cluster object may not ask for probes faster than every 50 ms; the path check is spelled as a pattern and CEL."""
 
 
 def _bounded(text: str, limit: int = MAX_PROBE_MESSAGE_CHARS) -> str:
