@@ -16,7 +16,7 @@ from fleet_operator.settings import OperatorSettings
 from fleet_operator.status_table import fleet_table
 from rollout_runtime.dispatch import DispatchPolicy
 from rollout_runtime.health import HealthPhase
-from rollout_runtime.shards.kubernetes import healthy_set_from_status
+from rollout_runtime.shards.kubernetes import KubernetesShardSource, healthy_set_from_status
 
 
 def _crd_policy() -> dict[str, Any]:
@@ -31,6 +31,16 @@ def test_the_runtime_reads_every_policy_field_the_crd_stores() -> None:
     assert set(stored) == set(schema["properties"])
     policy = DispatchPolicy.from_fleet(stored)
     assert policy == DispatchPolicy(attempt_timeout_seconds=300, max_concurrency=4)
+
+
+async def test_the_shard_source_reads_the_fleet_policy_and_refuses_fields_it_does_not_know() -> None:
+    source = KubernetesShardSource("a", "ns")
+    source.fleet_object = {"spec": {"policy": {**_crd_policy()["default"], "maxInfraAttempts": 3}}}
+    policy = await source.dispatch_policy(max_concurrency=2)
+    assert (policy.max_infra_attempts, policy.max_concurrency, policy.attempt_timeout_seconds) == (3, 2, 300)
+    source.fleet_object = {"spec": {"policy": {"maxInfraAttempts": 3, "maxRetries": 9}}}
+    with pytest.raises(ValueError, match="does not know: maxRetries"):
+        await source.dispatch_policy()
 
 
 def test_the_runtime_reads_the_healthy_set_the_operator_publishes() -> None:

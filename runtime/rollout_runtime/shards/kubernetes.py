@@ -28,7 +28,6 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
-from pydantic.alias_generators import to_snake
 
 from rollout_runtime.shards.model import HealthySet, Shard
 
@@ -162,15 +161,10 @@ class KubernetesShardSource:
             if owned:
                 await api_client.close()
 
-    def policy_fields(self) -> dict[str, Any]:
-        """The fleet's ``spec.policy`` in DispatchPolicy's snake_case names (empty before the fleet is seen)."""
-        policy = ((self.fleet_object or {}).get("spec") or {}).get("policy") or {}
-        return {to_snake(key): value for key, value in policy.items()}
-
     async def dispatch_policy(self, **overrides: Any) -> DispatchPolicy:
-        """The fleet's policy as a DispatchPolicy (GETs the fleet if not yet seen); ``overrides`` win.
+        """The fleet's ``spec.policy`` as a DispatchPolicy (GETs the fleet if not yet seen); ``overrides`` win.
 
-        Fields DispatchPolicy does not know are ignored, so an older runtime works with a newer CRD.
+        A policy field this runtime does not know is an error (see ``DispatchPolicy.from_fleet``), not dropped.
         """
         from rollout_runtime.dispatch import DispatchPolicy
 
@@ -178,9 +172,8 @@ class KubernetesShardSource:
             self.fleet_object = await self.get_fleet()
             if self.fleet_object is None:
                 raise LookupError(f"RolloutFleet {self.namespace}/{self.fleet} not found")
-        known = DispatchPolicy.model_fields
-        fields = {k: v for k, v in self.policy_fields().items() if k in known}
-        return DispatchPolicy(**{**fields, **overrides})
+        policy = (self.fleet_object.get("spec") or {}).get("policy") or {}
+        return DispatchPolicy.from_fleet(policy, **overrides)
 
     async def snapshots(self) -> AsyncIterator[HealthySet]:
         api_client, owned = await self._client()
