@@ -53,8 +53,21 @@ def rules_as_table(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str
 
 def test_chart_lints_strictly_with_default_and_full_values(helm: Helm, full_values_file: Path) -> None:
     for extra in ([], ["-f", str(full_values_file)]):
-        result = helm.run("lint", "--strict", CHART_DIR, "--kube-version", KUBE_VERSION, *extra)
+        result = helm.run("lint", "--strict", CHART_DIR, *extra)
         assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_template_works_with_no_flags(helm: Helm) -> None:
+    """The project's helm assumes the Kubernetes version it is stamped with, which meets the chart's kubeVersion."""
+    result = helm.run("template", "rf", CHART_DIR)
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert {"Deployment", "ServiceAccount", "ClusterRole"} <= kinds
+
+
+def test_chart_still_refuses_a_kubernetes_older_than_its_kube_version(helm: Helm) -> None:
+    result = helm.run("template", "rf", CHART_DIR, "--kube-version", "1.28.0", check=False)
+    assert result.returncode != 0
+    assert "chart requires kubeVersion: >=1.29.0-0" in result.stderr
 
 
 def test_chart_app_version_and_version_equal_the_package_version() -> None:
