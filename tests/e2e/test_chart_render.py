@@ -125,6 +125,76 @@ def test_contradictory_values_fail_with_the_reason(helm: Helm, override: list[st
     assert complaint in failure.value.stderr
 
 
+@pytest.mark.parametrize(
+    ("override", "where", "what"),
+    [
+        # Schema patterns: the error names the key, the value and the form it must have.
+        (["--set", "resources.limits.memory=lots"], "at '/resources/limits/memory': 'lots'", "(m|k|M|G|T|P|E|Ki|Mi|Gi"),
+        (["--set", "resources.requests.cpu=1GB"], "at '/resources/requests/cpu': '1GB'", "does not match pattern"),
+        (["--set", "resources.requests.cpu=-1"], "at '/resources/requests/cpu'", "minimum: got -1, want 0"),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=http://bad host"],
+            "at '/operator/probe/allowedHosts/0': 'http://bad host'",
+            "[a-zA-Z0-9*?_.-]+|[0-9a-fA-F:.]+/[0-9]+",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=vllm.rl.example.org:8000"],
+            "at '/operator/probe/allowedHosts/0'",
+            "does not match pattern",
+        ),
+        # Rules the schema cannot state: a sentence from the template saying what to change.
+        (
+            ["--set", "operator.leaderElection.renewSeconds=15"],
+            "operator.leaderElection.renewSeconds (15) must be less than operator.leaderElection.leaseDurationSeconds",
+            "lower renewSeconds",
+        ),
+        (
+            ["--set", "operator.leaderElection.leaseDurationSeconds=3"],
+            "renewSeconds (5) must be less than operator.leaderElection.leaseDurationSeconds (3)",
+            "or raise leaseDurationSeconds",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=10.0.0.0/33"],
+            'operator.probe.allowedHosts: "10.0.0.0/33" is not a CIDR block',
+            "prefix length of 0-32",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=300.1.2.3/8"],
+            '"300.1.2.3/8" is not a CIDR block',
+            "(10.0.0.0/8)",
+        ),
+    ],
+)
+def test_values_the_operator_would_refuse_fail_the_install_saying_what_to_fix(
+    helm: Helm, override: list[str], where: str, what: str
+) -> None:
+    result = helm.run("template", "rf", CHART_DIR, *override, check=False)
+    assert result.returncode != 0
+    assert where in result.stderr
+    assert what in result.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"operator": {"probe": {"allowedHosts": ["*.gpu.internal", "vllm-?.rl.example.org", "10.0.0.0/8"]}}},
+        {"operator": {"probe": {"allowedHosts": ["fd00::/8", "192.168.1.7/32", "gpu_node.internal"]}}},
+        {"operator": {"leaderElection": {"leaseDurationSeconds": 5.5, "renewSeconds": 5}}},
+        {"operator": {"leaderElection": {"leaseDurationSeconds": 600, "renewSeconds": 0.5}}},
+        {"resources": {"requests": {"cpu": 0.25, "memory": "1Gi"}, "limits": {"cpu": "1500m", "memory": "2e9"}}},
+    ],
+)
+def test_values_the_chart_accepts_are_settings_the_operator_accepts(
+    helm: Helm, values: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    (deployment,) = by_kind(render(helm, "-f", str(values_file)), "Deployment")
+    for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        monkeypatch.setenv(var["name"], var.get("value", "from-downward-api"))
+    OperatorSettings()  # raises if the operator would refuse to start
+
+
 def test_values_yaml_documents_every_key() -> None:
     """Every key has a comment on the line above it, or sits inside a block whose key has one."""
     lines = (CHART_DIR / "values.yaml").read_text().splitlines()
