@@ -23,9 +23,11 @@ from support.chart import (
     CHART_DIR,
     KUBE_VERSION,
     RULES_FILE,
+    alert_rules,
     by_kind,
     committed_dashboards,
     documented_rbac,
+    operations_anchors,
     package_version,
     render,
 )
@@ -412,6 +414,22 @@ def test_prometheus_rule_embeds_the_rule_file_with_release_labels_and_runbook_ur
     rendered_file = tmp_path / "rendered.rules.yaml"
     rendered_file.write_text(yaml.safe_dump({"groups": rendered}))
     promtool.check_rules(rendered_file)
+
+
+def test_every_alert_links_a_runbook_section_of_operations_md_by_default(helm: Helm) -> None:
+    (rule,) = by_kind(render(helm, "--set", "prometheusRule.enabled=true"), "PrometheusRule")
+    rendered = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert [r["alert"] for r in rendered] == [r["alert"] for r in alert_rules()]
+    base = f"https://github.com/rollout-fleet/rollout-fleet/blob/v{package_version()}/docs/operations.md#"
+    anchors = operations_anchors()
+    for alert in rendered:
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith(base), url
+        assert url.removeprefix(base) in anchors, f"{alert['alert']}: no heading of docs/operations.md has #{url}"
+        # The description's plain-text pointer (for those reading the rule file without the chart) resolves too.
+        text_anchor = re.search(r"docs/operations\.md#([\w-]+)", alert["annotations"]["description"])
+        assert text_anchor is not None
+        assert text_anchor.group(1) in anchors
 
 
 def test_disabled_alerts_are_left_out(helm: Helm) -> None:

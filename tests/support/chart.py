@@ -69,6 +69,23 @@ def documented_rbac() -> dict[tuple[str, str], tuple[set[str], str]]:
     return rows
 
 
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def operations_anchors() -> set[str]:
+    """The anchors of every heading in docs/operations.md (comment lines in fenced code blocks are not headings)."""
+    anchors: set[str] = set()
+    in_code = False
+    for line in OPERATIONS_DOC.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (match := re.match(r"^#{1,6} (.+)$", line)):
+            anchors.add(github_anchor(match.group(1)))
+    return anchors
+
+
 def alert_rules() -> list[dict[str, Any]]:
     """Every alerting rule of the chart's rule file (the single source of the alerts)."""
     source = yaml.safe_load(RULES_FILE.read_text())

@@ -57,6 +57,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "rollout-fleet.fullname" .) .Values.operator.leaderElection.leaseName }}
 {{- end }}
 
+{{/*
+Where every alert's runbook_url points (plus "#<alert in lower case>"): prometheusRule.runbookBaseUrl, or by default
+docs/operations.md in the project's repository (Chart.yaml `home`) at the tag of this chart's version, so the runbook
+an alert links to is the one for the operator that raised it.
+*/}}
+{{- define "rollout-fleet.runbookBaseUrl" -}}
+{{- .Values.prometheusRule.runbookBaseUrl | default (printf "%s/blob/v%s/docs/operations.md" .Chart.Home .Chart.AppVersion) }}
+{{- end }}
+
 {{/* The job label the alerts select the operator's `up` series by (rules/rollout-fleet.rules.yaml). */}}
 {{- define "rollout-fleet.metricsJob" -}}
 rollout-fleet-operator
