@@ -4,7 +4,8 @@
 # unpacked, no service), a check for kubectl (preinstalled), and the benchmark peers haproxy and nginx (Debian
 # packages, unpacked, no service).
 #
-# Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet) and a
+# Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
+# directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
 # `.complete` stamp marks a finished install, so a warm run only checks stamps. Changing a pin in
 # tools/versions.env selects a new directory, so the next run builds that version. Go module and build caches live
 # under the same cache root, never in the checkout.
@@ -157,18 +158,38 @@ GO
 }
 
 # --- helm -----------------------------------------------------------------------------------------------------
+# Helm's release build (its Makefile) stamps the Kubernetes version helm assumes when it asks no cluster (`helm
+# template`, `helm lint`: .Capabilities.KubeVersion and the chart's kubeVersion check); a plain `go install` keeps
+# helm's fallback v1.20, which refuses any chart that needs a newer Kubernetes. Stamp the version the tests run
+# (helm 3.20's Makefile would stamp the same 1.35, from its client-go v0.35). The stamp is part of the directory
+# name, so a helm built without it (or for another Kubernetes) is never reused.
+helm_kube_version() { local minor="${KUBERNETES_VERSION#*.}"; echo "${KUBERNETES_VERSION%%.*}.${minor%%.*}"; }
+
 build_helm() {
-  local dir="$TOOLS/helm-$HELM_VERSION"
-  installed "$dir" && { say "helm $HELM_VERSION: cached"; return; }
+  local kube; kube="$(helm_kube_version)"
+  local dir="$TOOLS/helm-$HELM_VERSION-k8s$kube"
+  installed "$dir" && { say "helm $HELM_VERSION (Kubernetes $kube): cached"; return; }
   local t0=$SECONDS
   need go "install Go 1.25 or newer: helm is built from source"
-  say "helm $HELM_VERSION: building"
+  say "helm $HELM_VERSION (Kubernetes $kube): building"
   rm -rf "$dir"; mkdir -p "$dir/bin"
-  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" p
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ld+=" -X $p.k8sVersionMajor=${kube%%.*} -X $p.k8sVersionMinor=${kube#*.}"
+  done
   GOBIN="$dir/bin" run "$dir/build.log" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
   "$dir/bin/helm" version --short | grep -q "v$HELM_VERSION" || die "built helm reports a wrong version"
+  # Render a one-line chart offline: it must see the stamped Kubernetes version, not helm's v1.20 fallback.
+  local check="$dir/kube-version-check" seen
+  mkdir -p "$check/chart/templates"
+  printf 'apiVersion: v2\nname: kube-version-check\nversion: 0.0.0\n' >"$check/chart/Chart.yaml"
+  echo '# kube-version={{ .Capabilities.KubeVersion.Version }}' >"$check/chart/templates/version.yaml"
+  seen="$(HELM_CONFIG_HOME="$check/home" HELM_CACHE_HOME="$check/home" HELM_DATA_HOME="$check/home" \
+    "$dir/bin/helm" template check "$check/chart" | sed -n 's/^# kube-version=//p')"
+  rm -rf "$check"
+  [[ "$seen" == "v$kube.0" ]] || die "built helm assumes Kubernetes '$seen' offline, not v$kube.0 (ldflags ignored?)"
   touch "$dir/.complete"
-  say "helm $HELM_VERSION: built in $((SECONDS - t0)) s"
+  say "helm $HELM_VERSION (Kubernetes $kube): built in $((SECONDS - t0)) s"
 }
 
 # --- prometheus + promtool ------------------------------------------------------------------------------------

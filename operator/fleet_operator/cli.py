@@ -54,9 +54,12 @@ def operator(namespaces: tuple[str, ...], verbose: bool) -> None:
     Configuration comes from FLEET_OPERATOR_* environment variables (see fleet_operator.settings).
     """
     from fleet_operator.runner import run_operator
-    from fleet_operator.settings import OperatorSettings
+    from fleet_operator.settings import InvalidSettings, load_settings
 
-    settings = OperatorSettings()
+    try:
+        settings = load_settings()
+    except InvalidSettings as error:
+        raise click.ClickException(str(error)) from None  # one line on stderr, exit 1
     if namespaces:
         settings = settings.model_copy(update={"namespaces": list(namespaces)})
     if verbose:

@@ -1,6 +1,7 @@
 """The operator's configuration: one typed object, read from ``FLEET_OPERATOR_*`` environment variables.
 
-List values accept JSON (``["a","b"]``) or a comma-separated string (``a,b``).
+List values accept JSON (``["a","b"]``) or a comma-separated string (``a,b``). :func:`load_settings` is how the
+operator reads them at start: a bad value becomes one line naming the variable and what to fix, not a traceback.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rollout_runtime.health import ProbeTargetPolicy
 
-__all__ = ["OperatorSettings"]
+__all__ = ["InvalidSettings", "OperatorSettings", "load_settings"]
+
+ENV_PREFIX = "FLEET_OPERATOR_"
 
 
 def _default_identity() -> str:
@@ -37,7 +40,7 @@ def _default_lease_namespace() -> str:
 class OperatorSettings(BaseSettings):
     """Everything the operator can be told; every field is an environment variable ``FLEET_OPERATOR_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="FLEET_OPERATOR_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # --- where -----------------------------------------------------------------------------------------------
     kubeconfig: Path | None = None
@@ -98,15 +101,32 @@ class OperatorSettings(BaseSettings):
             if text.startswith("["):
                 import json
 
-                return json.loads(text)
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f'not a JSON list ({error.msg}); write ["a","b"] or a,b') from None
             return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("probe_allowed_hosts")
+    @classmethod
+    def _valid_allowlist(cls, value: list[str]) -> list[str]:
+        """Refuse a bad host pattern or CIDR now, not at the first probe (ProbeTargetPolicy owns the rule)."""
+        try:
+            ProbeTargetPolicy(allowed_hosts=tuple(value))
+        except ValidationError as error:
+            reasons = "; ".join(_reason(detail["msg"]) for detail in error.errors(include_url=False))
+            raise ValueError(f"{reasons}; list hosts (patterns like *.gpu.internal) or CIDR blocks, not URLs") from None
         return value
 
     @model_validator(mode="after")
     def _lease_timing(self) -> OperatorSettings:
         if self.lease_renew_seconds >= self.lease_duration_seconds:
-            raise ValueError("lease_renew_seconds must be less than lease_duration_seconds")
-        self.probe_policy()  # validates the allowlist patterns now, not at the first probe
+            raise ValueError(
+                f"lease_renew_seconds must be less than lease_duration_seconds ({ENV_PREFIX}LEASE_RENEW_SECONDS="
+                f"{self.lease_renew_seconds:g}, {ENV_PREFIX}LEASE_DURATION_SECONDS={self.lease_duration_seconds:g}): "
+                "lower the renew interval (a third of the lease duration is usual) or raise the lease duration"
+            )
         return self
 
     def probe_policy(self) -> ProbeTargetPolicy:
@@ -117,3 +137,32 @@ class OperatorSettings(BaseSettings):
             cluster_domain=self.cluster_domain,
             allow_loopback=self.probe_allow_loopback,
         )
+
+
+class InvalidSettings(ValueError):
+    """The ``FLEET_OPERATOR_*`` environment does not make valid settings; the message is one line for the log."""
+
+
+def _reason(message: str) -> str:
+    """A validator's message without pydantic's prefix, on one line."""
+    return " ".join(message.removeprefix("Value error, ").split())
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """One line naming each offending ``FLEET_OPERATOR_*`` variable, the value it had and what it must be."""
+    problems = []
+    for detail in error.errors(include_url=False):
+        if detail["loc"]:
+            variable = f"{ENV_PREFIX}{str(detail['loc'][0]).upper()}"
+            problems.append(f"{variable}={detail['input']!r}: {_reason(detail['msg'])}")
+        else:  # a rule across several variables: its message names them
+            problems.append(_reason(detail["msg"]))
+    return "invalid operator settings: " + "; ".join(problems)
+
+
+def load_settings() -> OperatorSettings:
+    """The settings from the environment, or :class:`InvalidSettings` with a one-line description of what to fix."""
+    try:
+        return OperatorSettings()
+    except ValidationError as error:
+        raise InvalidSettings(describe_invalid(error)) from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,25 @@ def test_documented_upgrade_path_applies_the_crds_then_upgrades_the_release(
         kubeconfig=control_plane.kubeconfig,
     ).stdout
     assert [entry["status"] for entry in json.loads(history)] == ["superseded", "deployed"]
+
+
+def test_install_notes_print_the_next_commands(helm: Helm, control_plane: ControlPlane) -> None:
+    """NOTES.txt, as `helm install` prints it: how to apply the examples, see the fleets, and reach the metrics."""
+    namespace = control_plane.create_namespace(f"fleet-system-{uuid.uuid4().hex[:6]}")
+    result = helm.run(
+        "install", "rf-notes", CHART_DIR, "--namespace", namespace, "--dry-run=server",
+        "--set", "operator.watchNamespaces[0]=rl-a", kubeconfig=control_plane.kubeconfig, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.partition("NOTES:")[2]
+    for command in (
+        f"kubectl --namespace {namespace} rollout status deployment/rf-notes-rollout-fleet",
+        "kubectl apply --namespace <fleet-namespace> -f examples/fleet.yaml",
+        "kubectl get rolloutfleets,generationshards,environmentservers --namespace rl-a",
+        "rollout-fleet status <fleet> --namespace <fleet-namespace>",
+        "--clusterrole=rollout-fleet-reader",
+        f"kubectl --namespace {namespace} port-forward service/rf-notes-rollout-fleet-metrics 8080",
+        "load rules/rollout-fleet.rules.yaml",
+        "kubectl apply --server-side -f",
+    ):
+        assert command in notes, f"NOTES.txt lacks {command!r}:\n{notes}"

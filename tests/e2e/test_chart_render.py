@@ -23,9 +23,11 @@ from support.chart import (
     CHART_DIR,
     KUBE_VERSION,
     RULES_FILE,
+    alert_rules,
     by_kind,
     committed_dashboards,
     documented_rbac,
+    operations_anchors,
     package_version,
     render,
 )
@@ -53,8 +55,21 @@ def rules_as_table(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str
 
 def test_chart_lints_strictly_with_default_and_full_values(helm: Helm, full_values_file: Path) -> None:
     for extra in ([], ["-f", str(full_values_file)]):
-        result = helm.run("lint", "--strict", CHART_DIR, "--kube-version", KUBE_VERSION, *extra)
+        result = helm.run("lint", "--strict", CHART_DIR, *extra)
         assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_template_works_with_no_flags(helm: Helm) -> None:
+    """The project's helm assumes the Kubernetes version it is stamped with, which meets the chart's kubeVersion."""
+    result = helm.run("template", "rf", CHART_DIR)
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert {"Deployment", "ServiceAccount", "ClusterRole"} <= kinds
+
+
+def test_chart_still_refuses_a_kubernetes_older_than_its_kube_version(helm: Helm) -> None:
+    result = helm.run("template", "rf", CHART_DIR, "--kube-version", "1.28.0", check=False)
+    assert result.returncode != 0
+    assert "chart requires kubeVersion: >=1.29.0-0" in result.stderr
 
 
 def test_chart_app_version_and_version_equal_the_package_version() -> None:
@@ -110,6 +125,76 @@ def test_contradictory_values_fail_with_the_reason(helm: Helm, override: list[st
     with pytest.raises(subprocess.CalledProcessError) as failure:
         render(helm, *override)
     assert complaint in failure.value.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "where", "what"),
+    [
+        # Schema patterns: the error names the key, the value and the form it must have.
+        (["--set", "resources.limits.memory=lots"], "at '/resources/limits/memory': 'lots'", "(m|k|M|G|T|P|E|Ki|Mi|Gi"),
+        (["--set", "resources.requests.cpu=1GB"], "at '/resources/requests/cpu': '1GB'", "does not match pattern"),
+        (["--set", "resources.requests.cpu=-1"], "at '/resources/requests/cpu'", "minimum: got -1, want 0"),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=http://bad host"],
+            "at '/operator/probe/allowedHosts/0': 'http://bad host'",
+            "[a-zA-Z0-9*?_.-]+|[0-9a-fA-F:.]+/[0-9]+",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=vllm.rl.example.org:8000"],
+            "at '/operator/probe/allowedHosts/0'",
+            "does not match pattern",
+        ),
+        # Rules the schema cannot state: a sentence from the template saying what to change.
+        (
+            ["--set", "operator.leaderElection.renewSeconds=15"],
+            "operator.leaderElection.renewSeconds (15) must be less than operator.leaderElection.leaseDurationSeconds",
+            "lower renewSeconds",
+        ),
+        (
+            ["--set", "operator.leaderElection.leaseDurationSeconds=3"],
+            "renewSeconds (5) must be less than operator.leaderElection.leaseDurationSeconds (3)",
+            "or raise leaseDurationSeconds",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=10.0.0.0/33"],
+            'operator.probe.allowedHosts: "10.0.0.0/33" is not a CIDR block',
+            "prefix length of 0-32",
+        ),
+        (
+            ["--set", "operator.probe.allowedHosts[0]=300.1.2.3/8"],
+            '"300.1.2.3/8" is not a CIDR block',
+            "(10.0.0.0/8)",
+        ),
+    ],
+)
+def test_values_the_operator_would_refuse_fail_the_install_saying_what_to_fix(
+    helm: Helm, override: list[str], where: str, what: str
+) -> None:
+    result = helm.run("template", "rf", CHART_DIR, *override, check=False)
+    assert result.returncode != 0
+    assert where in result.stderr
+    assert what in result.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"operator": {"probe": {"allowedHosts": ["*.gpu.internal", "vllm-?.rl.example.org", "10.0.0.0/8"]}}},
+        {"operator": {"probe": {"allowedHosts": ["fd00::/8", "192.168.1.7/32", "gpu_node.internal"]}}},
+        {"operator": {"leaderElection": {"leaseDurationSeconds": 5.5, "renewSeconds": 5}}},
+        {"operator": {"leaderElection": {"leaseDurationSeconds": 600, "renewSeconds": 0.5}}},
+        {"resources": {"requests": {"cpu": 0.25, "memory": "1Gi"}, "limits": {"cpu": "1500m", "memory": "2e9"}}},
+    ],
+)
+def test_values_the_chart_accepts_are_settings_the_operator_accepts(
+    helm: Helm, values: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    (deployment,) = by_kind(render(helm, "-f", str(values_file)), "Deployment")
+    for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        monkeypatch.setenv(var["name"], var.get("value", "from-downward-api"))
+    OperatorSettings()  # raises if the operator would refuse to start
 
 
 def test_values_yaml_documents_every_key() -> None:
@@ -329,6 +414,22 @@ def test_prometheus_rule_embeds_the_rule_file_with_release_labels_and_runbook_ur
     rendered_file = tmp_path / "rendered.rules.yaml"
     rendered_file.write_text(yaml.safe_dump({"groups": rendered}))
     promtool.check_rules(rendered_file)
+
+
+def test_every_alert_links_a_runbook_section_of_operations_md_by_default(helm: Helm) -> None:
+    (rule,) = by_kind(render(helm, "--set", "prometheusRule.enabled=true"), "PrometheusRule")
+    rendered = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert [r["alert"] for r in rendered] == [r["alert"] for r in alert_rules()]
+    base = f"https://github.com/rollout-fleet/rollout-fleet/blob/v{package_version()}/docs/operations.md#"
+    anchors = operations_anchors()
+    for alert in rendered:
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith(base), url
+        assert url.removeprefix(base) in anchors, f"{alert['alert']}: no heading of docs/operations.md has #{url}"
+        # The description's plain-text pointer (for those reading the rule file without the chart) resolves too.
+        text_anchor = re.search(r"docs/operations\.md#([\w-]+)", alert["annotations"]["description"])
+        assert text_anchor is not None
+        assert text_anchor.group(1) in anchors
 
 
 def test_disabled_alerts_are_left_out(helm: Helm) -> None:

@@ -18,15 +18,16 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from support.helm import Helm
-from support.tools import REPO_ROOT
+from support.tools import REPO_ROOT, helm_kube_version
 
 CHART_DIR = REPO_ROOT / "charts" / "rollout-fleet"
 RULES_FILE = CHART_DIR / "rules" / "rollout-fleet.rules.yaml"
 RULE_TESTS_FILE = REPO_ROOT / "tests" / "rules" / "rollout-fleet.test.yaml"
 DASHBOARDS_DIR = CHART_DIR / "dashboards"
 OPERATIONS_DOC = REPO_ROOT / "docs" / "operations.md"
-KUBE_VERSION = "1.35.0"
-"""What `helm template` renders for (the chart's kubeVersion rules out helm's offline default)."""
+KUBE_VERSION = f"{helm_kube_version()}.0"
+"""The Kubernetes version rendered manifests are validated against: the one scripts/install-tools.sh stamps into
+helm, so `helm template` and `helm lint` assume it without a --kube-version flag."""
 
 # Dashboard template variables and what a test substitutes for them to run a panel query directly.
 GRAFANA_VARIABLES = {
@@ -47,10 +48,8 @@ def package_version() -> str:
 
 
 def render(helm: Helm, *args: str, release: str = "rf", namespace: str = "fleet-system") -> list[dict[str, Any]]:
-    """`helm template` the chart with extra arguments; the non-empty documents."""
-    out = helm.run(
-        "template", release, CHART_DIR, "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
-    ).stdout
+    """`helm template` the chart with extra arguments (and no --kube-version: helm's own default must do)."""
+    out = helm.run("template", release, CHART_DIR, "--namespace", namespace, *args).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -68,6 +67,23 @@ def documented_rbac() -> dict[tuple[str, str], tuple[set[str], str]]:
         group = "" if cells[0] == "(core)" else cells[0]
         rows[(group, cells[1])] = ({verb.strip() for verb in cells[2].split(",")}, cells[3])
     return rows
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def operations_anchors() -> set[str]:
+    """The anchors of every heading in docs/operations.md (comment lines in fenced code blocks are not headings)."""
+    anchors: set[str] = set()
+    in_code = False
+    for line in OPERATIONS_DOC.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (match := re.match(r"^#{1,6} (.+)$", line)):
+            anchors.add(github_anchor(match.group(1)))
+    return anchors
 
 
 def alert_rules() -> list[dict[str, Any]]:

@@ -49,6 +49,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet"))
 
 
+def helm_kube_version() -> str:
+    """The Kubernetes major.minor stamped into helm (what it assumes offline): the pinned control plane's."""
+    return ".".join(versions()["KUBERNETES_VERSION"].split(".")[:2])
+
+
+def _build_suffix(prefix: str) -> str:
+    """helm's install directory also names its stamped Kubernetes version (install-tools.sh, build_helm)."""
+    return f"-k8s{helm_kube_version()}" if prefix == "helm" else ""
+
+
 def tool_path(name: str) -> Path:
     """The path of an installed tool binary, or ToolMissingError naming the missing piece and the fix."""
     if name == "kubectl":
@@ -60,7 +70,7 @@ def tool_path(name: str) -> Path:
         raise KeyError(f"unknown tool {name!r}; known: kubectl, {', '.join(_CACHED_TOOLS)}")
     prefix, key = _CACHED_TOOLS[name]
     version = versions()[key]
-    tool_dir = cache_root() / "tools" / f"{prefix}-{version}"
+    tool_dir = cache_root() / "tools" / f"{prefix}-{version}{_build_suffix(prefix)}"
     binary = tool_dir / "bin" / name
     if not (tool_dir / ".complete").is_file() or not os.access(binary, os.X_OK):
         raise ToolMissingError(f"{name} {version} is not installed at {binary}: {INSTALL_HINT}")

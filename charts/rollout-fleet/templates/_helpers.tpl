@@ -57,6 +57,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "rollout-fleet.fullname" .) .Values.operator.leaderElection.leaseName }}
 {{- end }}
 
+{{/*
+Where every alert's runbook_url points (plus "#<alert in lower case>"): prometheusRule.runbookBaseUrl, or by default
+docs/operations.md in the project's repository (Chart.yaml `home`) at the tag of this chart's version, so the runbook
+an alert links to is the one for the operator that raised it.
+*/}}
+{{- define "rollout-fleet.runbookBaseUrl" -}}
+{{- .Values.prometheusRule.runbookBaseUrl | default (printf "%s/blob/v%s/docs/operations.md" .Chart.Home .Chart.AppVersion) }}
+{{- end }}
+
 {{/* The job label the alerts select the operator's `up` series by (rules/rollout-fleet.rules.yaml). */}}
 {{- define "rollout-fleet.metricsJob" -}}
 rollout-fleet-operator
@@ -79,4 +88,30 @@ lists them with the reason; tests/e2e/test_chart_install.py checks `kubectl auth
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- end }}
+
+{{/*
+The rules values.schema.json cannot express (it compares no two values and its errors carry no hint): each fails
+`helm install`/`helm template` with a sentence saying what to change. Included by deployment.yaml, which always
+renders. The operator enforces the same rules at start (fleet_operator/settings.py).
+*/}}
+{{- define "rollout-fleet.validateValues" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.operator.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs operator.leaderElection.enabled=true: replicas without a leader would all probe and write status" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
+{{- fail "enable at most one of metrics.serviceMonitor and metrics.podMonitor: both would scrape the operator twice" }}
+{{- end }}
+{{- $lease := .Values.operator.leaderElection }}
+{{- if ge (float64 $lease.renewSeconds) (float64 $lease.leaseDurationSeconds) }}
+{{- fail (printf "operator.leaderElection.renewSeconds (%v) must be less than operator.leaderElection.leaseDurationSeconds (%v): the leader renews the Lease every renewSeconds and a standby takes over after leaseDurationSeconds without one; lower renewSeconds (a third of the lease duration is usual) or raise leaseDurationSeconds" $lease.renewSeconds $lease.leaseDurationSeconds) }}
+{{- end }}
+{{- $octet := "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])" }}
+{{- $ipv4Cidr := printf "^(%s[.]){3}%s/([0-9]|[12][0-9]|3[0-2])$" $octet $octet }}
+{{- $ipv6Cidr := "^[0-9a-fA-F:.]*:[0-9a-fA-F:.]*/([0-9]|[1-9][0-9]|1[01][0-9]|12[0-8])$" }}
+{{- range .Values.operator.probe.allowedHosts }}
+{{- if and (contains "/" .) (not (regexMatch $ipv4Cidr .)) (not (regexMatch $ipv6Cidr .)) }}
+{{- fail (printf "operator.probe.allowedHosts: %q is not a CIDR block: write an IPv4 address with a prefix length of 0-32 (10.0.0.0/8) or an IPv6 one with 0-128 (fd00::/8)" .) }}
+{{- end }}
+{{- end }}
 {{- end }}
