@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from rollout_runtime.health import HealthPhase, ProbeSettings
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 
 __all__ = [
     "API_VERSION",
@@ -41,10 +42,6 @@ __all__ = [
     "ShardStatus",
     "StallAction",
 ]
-
-GROUP: Final[str] = "rolloutfleet.dev"
-VERSION: Final[str] = "v1alpha1"
-API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
