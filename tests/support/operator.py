@@ -25,11 +25,11 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_operator.crds import KINDS, generate_crds
+from rollout_runtime.kube import API_VERSION, GROUP, VERSION, api_error_is_transient
 from rollout_runtime.shards import Shard
 from support.controlplane import ControlPlane
 from support.processes import ManagedProcess, free_port
 
-GROUP, VERSION = "rolloutfleet.dev", "v1alpha1"
 ROLLOUT_FLEET_CLI = Path(sys.executable).parent / "rollout-fleet"
 
 
@@ -75,7 +75,7 @@ async def wait_for_object(
                     GROUP, VERSION, namespace, plural, field_selector=selector
                 )
             except (ApiException, aiohttp.ClientError) as exc:  # an API server (re)starting: 429, 5xx, refused
-                if isinstance(exc, ApiException) and exc.status != 429 and (exc.status or 0) < 500:
+                if not api_error_is_transient(exc):
                     raise
                 await asyncio.sleep(0.5)  # retry pause, not synchronisation
                 continue
@@ -108,9 +108,6 @@ def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-API = "rolloutfleet.dev/v1alpha1"
-
-
 def fleet_objects(
     shards: Iterable[Shard], probe: Mapping[str, Any], *, environment_endpoint: str | None = None
 ) -> list[dict[str, Any]]:
@@ -118,7 +115,7 @@ def fleet_objects(
     selecting them: the fleet most operator e2e tests reconcile."""
     objects: list[dict[str, Any]] = [
         {
-            "apiVersion": API,
+            "apiVersion": API_VERSION,
             "kind": "GenerationShard",
             "metadata": {"name": s.name, "labels": {"fleet": "a"}},
             "spec": {"endpoint": s.endpoint, "model": s.model, "probe": dict(probe)},
@@ -129,14 +126,14 @@ def fleet_objects(
     if environment_endpoint is not None:
         objects.append(
             {
-                "apiVersion": API,
+                "apiVersion": API_VERSION,
                 "kind": "EnvironmentServer",
                 "metadata": {"name": "env", "labels": {"fleet": "a"}},
                 "spec": {"endpoint": environment_endpoint, "protocol": "verifier", "probe": dict(probe)},
             }
         )
         fleet_spec["environmentServerSelector"] = {}
-    objects.append({"apiVersion": API, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": fleet_spec})
+    objects.append({"apiVersion": API_VERSION, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": fleet_spec})
     return objects
 
 
