@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_runtime import kube
+from rollout_runtime.kube import kinds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -213,8 +213,8 @@ def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, 
     }
     shards = [
         {
-            "apiVersion": kube.API_VERSION,
-            "kind": kube.GENERATION_SHARD.kind,
+            "apiVersion": kinds.API_VERSION,
+            "kind": kinds.GENERATION_SHARD.kind,
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"fleet": fleet}},
             "spec": {"endpoint": endpoint, "model": "sim-model", "probe": probe},
         }
@@ -222,8 +222,8 @@ def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, 
     ]
     fleets = [
         {
-            "apiVersion": kube.API_VERSION,
-            "kind": kube.ROLLOUT_FLEET.kind,
+            "apiVersion": kinds.API_VERSION,
+            "kind": kinds.ROLLOUT_FLEET.kind,
             "metadata": {"name": f"fleet-{f}", "namespace": NAMESPACE},
             "spec": {"shardSelector": {"matchLabels": {"fleet": f"fleet-{f}"}}},
         }
@@ -251,7 +251,7 @@ class Api:
 
     def fleets(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.get(
-            f"/apis/{kube.API_VERSION}/namespaces/{NAMESPACE}/{kube.ROLLOUT_FLEET.plural}"
+            f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.ROLLOUT_FLEET.plural}"
         )["items"]
         return items
 
@@ -259,13 +259,13 @@ class Api:
         return scrape(self.base + "/metrics", self.context, self.token)
 
 
-_WRITTEN_PLURALS = (kube.GENERATION_SHARD.plural, kube.ROLLOUT_FLEET.plural)
+_WRITTEN_PLURALS = (kinds.GENERATION_SHARD.plural, kinds.ROLLOUT_FLEET.plural)
 """The kinds this benchmark creates, whose status the operator writes."""
 
 
 def status_patch_seconds(api_metrics: str) -> tuple[float, float]:
     """(sum of seconds, count) of the apiserver's PATCH .../status request durations for our resources."""
-    labels = {"verb": "PATCH", "group": kube.GROUP, "subresource": "status"}
+    labels = {"verb": "PATCH", "group": kinds.GROUP, "subresource": "status"}
     total = count = 0.0
     for resource in _WRITTEN_PLURALS:
         total += metric_sum(api_metrics, "apiserver_request_duration_seconds_sum", resource=resource, **labels)
@@ -280,7 +280,7 @@ def status_patches(api_metrics: str) -> float:
             api_metrics,
             "apiserver_request_total",
             verb="PATCH",
-            group=kube.GROUP,
+            group=kinds.GROUP,
             resource=resource,
             subresource="status",
         )
@@ -378,9 +378,9 @@ def run(scale: Scale, keep: bool, crds: Path) -> Result:
         plane.start()
         print(f"  control plane up in {time.monotonic() - t:.1f}s")
         plane.kubectl("apply", "-f", str(crds))
-        for names in kube.KINDS:
+        for names in kinds.KINDS:
             plane.kubectl("wait", "--for=condition=Established", f"crd/{names.crd_name}", "--timeout=60s")
-        for plural in (names.plural for names in kube.KINDS):  # a new CRD answers 429 a moment
+        for plural in (names.plural for names in kinds.KINDS):  # a new CRD answers 429 a moment
             wait_until(
                 lambda plural=plural: plane.kubectl("get", plural, "-A", check=False).returncode == 0,
                 timeout=60,
@@ -507,8 +507,8 @@ class Drop:
 def time_to_drop(scale: Scale, api: Api, victim: ManagedProcess, layout: dict[str, tuple[str, str]]) -> Drop:
     """SIGKILL the victim process and watch its shards' statuses and fleet-0's published healthy set."""
     victims = {name for name, (_fleet, endpoint) in layout.items() if endpoint.endswith(f":{_port(victim)}")}
-    fleet_path = f"/apis/{kube.API_VERSION}/namespaces/{NAMESPACE}/{kube.ROLLOUT_FLEET.plural}/fleet-0"
-    shard_path = f"/apis/{kube.API_VERSION}/namespaces/{NAMESPACE}/{kube.GENERATION_SHARD.plural}/{min(victims)}"
+    fleet_path = f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.ROLLOUT_FLEET.plural}/fleet-0"
+    shard_path = f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.GENERATION_SHARD.plural}/{min(victims)}"
     drop = Drop()
     victim.kill()
     killed = time.monotonic()

@@ -25,8 +25,7 @@ from fleet_operator.models import (
     RolloutFleetSpec,
     RolloutFleetStatus,
 )
-from rollout_runtime import kube
-from rollout_runtime.kube import GROUP, VERSION, KindNames
+from rollout_runtime.kube import kinds
 
 __all__ = ["CATEGORY", "KINDS", "KindInfo", "crd_files", "generate_crds", "render_crd", "structural", "write_crds"]
 
@@ -43,7 +42,7 @@ HEADER: Final[str] = (
 class KindInfo:
     """What a CRD adds to a kind's names (which live in :mod:`rollout_runtime.kube.kinds`): schemas and columns."""
 
-    names: KindNames
+    names: kinds.KindNames
     spec: type[BaseModel]
     status: type[BaseModel]
     description: str
@@ -69,7 +68,7 @@ _LATENCY: Final = {
 _ENDPOINT: Final = {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1}
 
 GENERATION_SHARD: Final = KindInfo(
-    names=kube.GENERATION_SHARD,
+    names=kinds.GENERATION_SHARD,
     spec=GenerationShardSpec,
     status=GenerationShardStatus,
     description="An OpenAI-compatible generation server whose health the fleet operator probes.",
@@ -83,7 +82,7 @@ GENERATION_SHARD: Final = KindInfo(
     ),
 )
 ENVIRONMENT_SERVER: Final = KindInfo(
-    names=kube.ENVIRONMENT_SERVER,
+    names=kinds.ENVIRONMENT_SERVER,
     spec=EnvironmentServerSpec,
     status=EnvironmentServerStatus,
     description="An environment server (episode protocol) whose health the fleet operator probes.",
@@ -96,7 +95,7 @@ ENVIRONMENT_SERVER: Final = KindInfo(
     ),
 )
 ROLLOUT_FLEET: Final = KindInfo(
-    names=kube.ROLLOUT_FLEET,
+    names=kinds.ROLLOUT_FLEET,
     spec=RolloutFleetSpec,
     status=RolloutFleetStatus,
     description="Selects shards and environment servers; its status is the healthy set the runtime follows.",
@@ -189,7 +188,7 @@ def render_crd(info: KindInfo) -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {"name": info.crd_name, "labels": {"app.kubernetes.io/part-of": "rollout-fleet"}},
         "spec": {
-            "group": GROUP,
+            "group": kinds.GROUP,
             "scope": "Namespaced",
             "names": {
                 "kind": info.names.kind,
@@ -201,7 +200,7 @@ def render_crd(info: KindInfo) -> dict[str, Any]:
             },
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": kinds.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
@@ -229,14 +228,14 @@ def render_crd(info: KindInfo) -> dict[str, Any]:
 def generate_crds() -> dict[str, str]:
     """File name -> YAML text, for every kind (deterministic: the committed files must equal this)."""
     return {
-        f"{GROUP}_{info.names.plural}.yaml": HEADER + yaml.safe_dump(render_crd(info), sort_keys=False, width=120)
+        f"{kinds.GROUP}_{info.names.plural}.yaml": HEADER + yaml.safe_dump(render_crd(info), sort_keys=False, width=120)
         for info in KINDS
     }
 
 
 def crd_files(directory: Path) -> dict[str, str]:
     """The CRD files currently in ``directory`` (name -> text)."""
-    return {path.name: path.read_text() for path in sorted(directory.glob(f"{GROUP}_*.yaml"))}
+    return {path.name: path.read_text() for path in sorted(directory.glob(f"{kinds.GROUP}_*.yaml"))}
 
 
 def write_crds(directory: Path) -> list[Path]:

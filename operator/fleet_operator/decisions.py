@@ -27,8 +27,8 @@ from fleet_operator.models import (
     RolloutFleetStatus,
     ShardStatus,
 )
-from rollout_runtime import kube
 from rollout_runtime.health import HealthPhase, HealthState
+from rollout_runtime.kube import kinds
 from rollout_runtime.shards.model import Shard, revision_of
 
 __all__ = [
@@ -46,8 +46,8 @@ __all__ = [
     "status_needs_write",
 ]
 
-GENERATION_SHARD: Final[str] = kube.GENERATION_SHARD.kind
-ENVIRONMENT_SERVER: Final[str] = kube.ENVIRONMENT_SERVER.kind
+GENERATION_SHARD: Final[str] = kinds.GENERATION_SHARD.kind
+ENVIRONMENT_SERVER: Final[str] = kinds.ENVIRONMENT_SERVER.kind
 
 SHARD_VOLATILE_KEYS: Final[frozenset[str]] = frozenset(
     {

@@ -52,7 +52,6 @@ from fleet_operator.models import (
     ShardStatus,
 )
 from fleet_operator.settings import OperatorSettings
-from rollout_runtime import kube
 from rollout_runtime.health import (
     CLOCK_SLACK_SECONDS,
     HealthMonitor,
@@ -63,14 +62,15 @@ from rollout_runtime.health import (
     ProbeTarget,
     Transition,
 )
-from rollout_runtime.kube import api_error_is_transient
+from rollout_runtime.kube import kinds
+from rollout_runtime.kube.errors import api_error_is_transient
 
 __all__ = ["PLURALS", "ROLLOUT_FLEET", "FleetEngine", "TargetKey"]
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FLEET: Final[str] = kube.ROLLOUT_FLEET.kind
-PLURALS: Final[Mapping[str, str]] = {kind: names.plural for kind, names in kube.BY_KIND.items()}
+ROLLOUT_FLEET: Final[str] = kinds.ROLLOUT_FLEET.kind
+PLURALS: Final[Mapping[str, str]] = {kind: names.plural for kind, names in kinds.BY_KIND.items()}
 _SPEC_MODELS: Final[Mapping[str, type[GenerationShardSpec] | type[EnvironmentServerSpec]]] = {
     GENERATION_SHARD: GenerationShardSpec,
     ENVIRONMENT_SERVER: EnvironmentServerSpec,

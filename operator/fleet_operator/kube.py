@@ -17,7 +17,8 @@ import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rollout_runtime.kube import API_VERSION, GROUP, VERSION, api_error_is_transient
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 
 __all__ = [
     "KubeApi",

@@ -12,7 +12,8 @@ standby may take over. On graceful shutdown the leader releases the Lease so a s
 
 A failed round is retried whatever the error, as client-go's leaderelection does: a standby keeps campaigning and a
 leader steps down at its deadline, so election fails safe rather than crashing a replica. Errors that waiting will
-not fix (:func:`~rollout_runtime.kube.api_error_is_transient` false: RBAC, a missing namespace) are logged as errors.
+not fix (:func:`~rollout_runtime.kube.errors.api_error_is_transient` false: RBAC, a missing namespace) are logged as
+errors.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rollout_runtime.kube import api_error_is_transient
+from rollout_runtime.kube.errors import api_error_is_transient
 
 __all__ = ["LeaderElector", "LeaseAction", "LeaseRecord", "decide"]
 

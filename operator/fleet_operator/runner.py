@@ -37,7 +37,7 @@ from fleet_operator.metrics import FleetMetrics
 from fleet_operator.server import RunnerState, serve_http
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HttpProber, Prober
-from rollout_runtime.kube import load_client_configuration
+from rollout_runtime.kube.config import load_client_configuration
 
 __all__ = ["OperatorRun", "run_operator"]
 

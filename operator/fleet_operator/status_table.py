@@ -20,8 +20,10 @@ from rich.text import Text
 
 from fleet_operator.decisions import selector_matches
 from fleet_operator.models import LabelSelector, RolloutFleetSpec, RolloutFleetStatus
-from rollout_runtime import kube
-from rollout_runtime.kube import GROUP, VERSION, api_error_is_transient, load_client_configuration
+from rollout_runtime.kube import kinds
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import GROUP, VERSION
 
 __all__ = ["fleet_table", "show_fleet_status"]
 
@@ -58,8 +60,8 @@ def fleet_table(
         table.add_column(column, overflow="fold")
     shard_selector = spec.shard_selector if spec else None
     environment_selector = spec.environment_server_selector if spec else None
-    members = [(kube.GENERATION_SHARD.kind, s) for s in _selected(shards, shard_selector)] + [
-        (kube.ENVIRONMENT_SERVER.kind, e) for e in _selected(environments, environment_selector)
+    members = [(kinds.GENERATION_SHARD.kind, s) for s in _selected(shards, shard_selector)] + [
+        (kinds.ENVIRONMENT_SERVER.kind, e) for e in _selected(environments, environment_selector)
     ]
     for kind, obj in sorted(members, key=lambda m: (m[0], (m[1].get("metadata") or {}).get("name", ""))):
         member_status = obj.get("status") or {}
@@ -107,7 +109,7 @@ async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Pa
         api = client.CustomObjectsApi(api_client)
         try:
             obj = await _retrying(
-                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, kube.ROLLOUT_FLEET.plural, fleet)
+                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ROLLOUT_FLEET.plural, fleet)
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -115,10 +117,10 @@ async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Pa
                 return 1
             raise
         shards = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kube.GENERATION_SHARD.plural)
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.GENERATION_SHARD.plural)
         )
         environments = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kube.ENVIRONMENT_SERVER.plural)
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ENVIRONMENT_SERVER.plural)
         )
     console.print(fleet_table(obj, shards.get("items", []), environments.get("items", [])))
     return 0

@@ -25,7 +25,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_operator.crds import KINDS, generate_crds
-from rollout_runtime.kube import API_VERSION, GROUP, VERSION, api_error_is_transient
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 from rollout_runtime.shards import Shard
 from support.controlplane import ControlPlane
 from support.processes import ManagedProcess, free_port

@@ -13,7 +13,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, incluster_config, kube_config
 
 from rollout_runtime.failures import http_status_is_infra
-from rollout_runtime.kube import api_error_is_transient, load_client_configuration
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.kube.errors import api_error_is_transient
 
 
 def test_an_api_answer_is_transient_exactly_when_its_status_is_the_servers_weather() -> None:
@@ -41,7 +42,7 @@ def test_errors_without_a_usable_status(exc: BaseException, transient: bool) -> 
 
 
 def test_importing_the_kind_names_loads_no_client() -> None:
-    code = "import sys, rollout_runtime.kube\nprint('kubernetes_asyncio' in sys.modules)\n"
+    code = "import sys, rollout_runtime.kube.kinds\nprint('kubernetes_asyncio' in sys.modules)\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "False"
 

@@ -7,12 +7,12 @@ from typing import Any
 import kopf
 
 from fleet_operator.handlers.common import apply_event
-from rollout_runtime import kube
+from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(kube.GROUP, kube.VERSION, kube.ENVIRONMENT_SERVER.plural, registry=registry)
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ENVIRONMENT_SERVER.plural, registry=registry)
     async def environment_server_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, kube.ENVIRONMENT_SERVER.kind, event)
+        await apply_event(memo.engine, kinds.ENVIRONMENT_SERVER.kind, event)

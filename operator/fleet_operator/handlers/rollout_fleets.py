@@ -7,12 +7,12 @@ from typing import Any
 import kopf
 
 from fleet_operator.handlers.common import apply_event
-from rollout_runtime import kube
+from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(kube.GROUP, kube.VERSION, kube.ROLLOUT_FLEET.plural, registry=registry)
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ROLLOUT_FLEET.plural, registry=registry)
     async def rollout_fleet_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, kube.ROLLOUT_FLEET.kind, event)
+        await apply_event(memo.engine, kinds.ROLLOUT_FLEET.kind, event)

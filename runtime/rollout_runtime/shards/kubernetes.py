@@ -30,7 +30,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
-from rollout_runtime.kube import GROUP, ROLLOUT_FLEET, VERSION, api_error_is_transient, load_client_configuration
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import GROUP, ROLLOUT_FLEET, VERSION
 from rollout_runtime.shards.model import HealthySet, Shard
 
 if TYPE_CHECKING:
