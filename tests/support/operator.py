@@ -109,6 +109,10 @@ def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
+API = API_VERSION
+"""The apiVersion of our objects (test modules import it from here)."""
+
+
 def fleet_objects(
     shards: Iterable[Shard], probe: Mapping[str, Any], *, environment_endpoint: str | None = None
 ) -> list[dict[str, Any]]:
@@ -116,7 +120,7 @@ def fleet_objects(
     selecting them: the fleet most operator e2e tests reconcile."""
     objects: list[dict[str, Any]] = [
         {
-            "apiVersion": API_VERSION,
+            "apiVersion": API,
             "kind": "GenerationShard",
             "metadata": {"name": s.name, "labels": {"fleet": "a"}},
             "spec": {"endpoint": s.endpoint, "model": s.model, "probe": dict(probe)},
@@ -127,14 +131,14 @@ def fleet_objects(
     if environment_endpoint is not None:
         objects.append(
             {
-                "apiVersion": API_VERSION,
+                "apiVersion": API,
                 "kind": "EnvironmentServer",
                 "metadata": {"name": "env", "labels": {"fleet": "a"}},
                 "spec": {"endpoint": environment_endpoint, "protocol": "verifier", "probe": dict(probe)},
             }
         )
         fleet_spec["environmentServerSelector"] = {}
-    objects.append({"apiVersion": API_VERSION, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": fleet_spec})
+    objects.append({"apiVersion": API, "kind": "RolloutFleet", "metadata": {"name": "a"}, "spec": fleet_spec})
     return objects
 
 
