@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollout_runtime.kube import kinds
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -49,7 +51,6 @@ from support.processes import ManagedProcess, free_port, wait_until  # noqa: E40
 MARKER = "operator scale ratios"
 ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")
 NAMESPACE = "bench"
-GROUP = "rolloutfleet.dev/v1alpha1"
 HEARTBEAT_SECONDS = 60.0
 
 
@@ -212,8 +213,8 @@ def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, 
     }
     shards = [
         {
-            "apiVersion": GROUP,
-            "kind": "GenerationShard",
+            "apiVersion": kinds.API_VERSION,
+            "kind": kinds.GENERATION_SHARD.kind,
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"fleet": fleet}},
             "spec": {"endpoint": endpoint, "model": "sim-model", "probe": probe},
         }
@@ -221,8 +222,8 @@ def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, 
     ]
     fleets = [
         {
-            "apiVersion": GROUP,
-            "kind": "RolloutFleet",
+            "apiVersion": kinds.API_VERSION,
+            "kind": kinds.ROLLOUT_FLEET.kind,
             "metadata": {"name": f"fleet-{f}", "namespace": NAMESPACE},
             "spec": {"shardSelector": {"matchLabels": {"fleet": f"fleet-{f}"}}},
         }
@@ -249,18 +250,24 @@ class Api:
         return json.loads(scrape(self.base + path, self.context, self.token))
 
     def fleets(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.get(f"/apis/{GROUP}/namespaces/{NAMESPACE}/rolloutfleets")["items"]
+        items: list[dict[str, Any]] = self.get(
+            f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.ROLLOUT_FLEET.plural}"
+        )["items"]
         return items
 
     def metrics(self) -> str:
         return scrape(self.base + "/metrics", self.context, self.token)
 
 
+_WRITTEN_PLURALS = (kinds.GENERATION_SHARD.plural, kinds.ROLLOUT_FLEET.plural)
+"""The kinds this benchmark creates, whose status the operator writes."""
+
+
 def status_patch_seconds(api_metrics: str) -> tuple[float, float]:
     """(sum of seconds, count) of the apiserver's PATCH .../status request durations for our resources."""
-    labels = {"verb": "PATCH", "group": "rolloutfleet.dev", "subresource": "status"}
+    labels = {"verb": "PATCH", "group": kinds.GROUP, "subresource": "status"}
     total = count = 0.0
-    for resource in ("generationshards", "rolloutfleets"):
+    for resource in _WRITTEN_PLURALS:
         total += metric_sum(api_metrics, "apiserver_request_duration_seconds_sum", resource=resource, **labels)
         count += metric_sum(api_metrics, "apiserver_request_duration_seconds_count", resource=resource, **labels)
     return total, count
@@ -273,11 +280,11 @@ def status_patches(api_metrics: str) -> float:
             api_metrics,
             "apiserver_request_total",
             verb="PATCH",
-            group="rolloutfleet.dev",
+            group=kinds.GROUP,
             resource=resource,
             subresource="status",
         )
-        for resource in ("generationshards", "rolloutfleets")
+        for resource in _WRITTEN_PLURALS
     )
 
 
@@ -371,9 +378,9 @@ def run(scale: Scale, keep: bool, crds: Path) -> Result:
         plane.start()
         print(f"  control plane up in {time.monotonic() - t:.1f}s")
         plane.kubectl("apply", "-f", str(crds))
-        for plural in ("generationshards", "environmentservers", "rolloutfleets"):
-            plane.kubectl("wait", "--for=condition=Established", f"crd/{plural}.rolloutfleet.dev", "--timeout=60s")
-        for plural in ("generationshards", "environmentservers", "rolloutfleets"):  # a new CRD answers 429 a moment
+        for names in kinds.KINDS:
+            plane.kubectl("wait", "--for=condition=Established", f"crd/{names.crd_name}", "--timeout=60s")
+        for plural in (names.plural for names in kinds.KINDS):  # a new CRD answers 429 a moment
             wait_until(
                 lambda plural=plural: plane.kubectl("get", plural, "-A", check=False).returncode == 0,
                 timeout=60,
@@ -500,8 +507,8 @@ class Drop:
 def time_to_drop(scale: Scale, api: Api, victim: ManagedProcess, layout: dict[str, tuple[str, str]]) -> Drop:
     """SIGKILL the victim process and watch its shards' statuses and fleet-0's published healthy set."""
     victims = {name for name, (_fleet, endpoint) in layout.items() if endpoint.endswith(f":{_port(victim)}")}
-    fleet_path = f"/apis/{GROUP}/namespaces/{NAMESPACE}/rolloutfleets/fleet-0"
-    shard_path = f"/apis/{GROUP}/namespaces/{NAMESPACE}/generationshards/{min(victims)}"
+    fleet_path = f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.ROLLOUT_FLEET.plural}/fleet-0"
+    shard_path = f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.GENERATION_SHARD.plural}/{min(victims)}"
     drop = Drop()
     victim.kill()
     killed = time.monotonic()

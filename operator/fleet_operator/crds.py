@@ -18,8 +18,6 @@ import yaml
 from pydantic import BaseModel
 
 from fleet_operator.models import (
-    GROUP,
-    VERSION,
     EnvironmentServerSpec,
     EnvironmentServerStatus,
     GenerationShardSpec,
@@ -27,6 +25,7 @@ from fleet_operator.models import (
     RolloutFleetSpec,
     RolloutFleetStatus,
 )
+from rollout_runtime.kube import kinds
 
 __all__ = ["CATEGORY", "KINDS", "KindInfo", "crd_files", "generate_crds", "render_crd", "structural", "write_crds"]
 
@@ -41,20 +40,21 @@ HEADER: Final[str] = (
 
 @dataclass(frozen=True)
 class KindInfo:
-    """Names of one custom resource kind."""
+    """What a CRD adds to a kind's names (which live in :mod:`rollout_runtime.kube.kinds`): schemas and columns."""
 
-    kind: str
-    plural: str
-    singular: str
-    short_names: tuple[str, ...]
+    names: kinds.KindNames
     spec: type[BaseModel]
     status: type[BaseModel]
     description: str
     printer_columns: tuple[dict[str, Any], ...]
 
     @property
+    def kind(self) -> str:
+        return self.names.kind
+
+    @property
     def crd_name(self) -> str:
-        return f"{self.plural}.{GROUP}"
+        return self.names.crd_name
 
 
 _AGE: Final = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -68,10 +68,7 @@ _LATENCY: Final = {
 _ENDPOINT: Final = {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1}
 
 GENERATION_SHARD: Final = KindInfo(
-    kind="GenerationShard",
-    plural="generationshards",
-    singular="generationshard",
-    short_names=("gshard",),
+    names=kinds.GENERATION_SHARD,
     spec=GenerationShardSpec,
     status=GenerationShardStatus,
     description="An OpenAI-compatible generation server whose health the fleet operator probes.",
@@ -85,10 +82,7 @@ GENERATION_SHARD: Final = KindInfo(
     ),
 )
 ENVIRONMENT_SERVER: Final = KindInfo(
-    kind="EnvironmentServer",
-    plural="environmentservers",
-    singular="environmentserver",
-    short_names=("envsrv",),
+    names=kinds.ENVIRONMENT_SERVER,
     spec=EnvironmentServerSpec,
     status=EnvironmentServerStatus,
     description="An environment server (episode protocol) whose health the fleet operator probes.",
@@ -101,10 +95,7 @@ ENVIRONMENT_SERVER: Final = KindInfo(
     ),
 )
 ROLLOUT_FLEET: Final = KindInfo(
-    kind="RolloutFleet",
-    plural="rolloutfleets",
-    singular="rolloutfleet",
-    short_names=("rfleet",),
+    names=kinds.ROLLOUT_FLEET,
     spec=RolloutFleetSpec,
     status=RolloutFleetStatus,
     description="Selects shards and environment servers; its status is the healthy set the runtime follows.",
@@ -197,19 +188,19 @@ def render_crd(info: KindInfo) -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {"name": info.crd_name, "labels": {"app.kubernetes.io/part-of": "rollout-fleet"}},
         "spec": {
-            "group": GROUP,
+            "group": kinds.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": info.kind,
-                "listKind": f"{info.kind}List",
-                "plural": info.plural,
-                "singular": info.singular,
-                "shortNames": list(info.short_names),
+                "kind": info.names.kind,
+                "listKind": info.names.list_kind,
+                "plural": info.names.plural,
+                "singular": info.names.singular,
+                "shortNames": list(info.names.short_names),
                 "categories": [CATEGORY],
             },
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": kinds.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
@@ -237,14 +228,14 @@ def render_crd(info: KindInfo) -> dict[str, Any]:
 def generate_crds() -> dict[str, str]:
     """File name -> YAML text, for every kind (deterministic: the committed files must equal this)."""
     return {
-        f"{GROUP}_{info.plural}.yaml": HEADER + yaml.safe_dump(render_crd(info), sort_keys=False, width=120)
+        f"{kinds.GROUP}_{info.names.plural}.yaml": HEADER + yaml.safe_dump(render_crd(info), sort_keys=False, width=120)
         for info in KINDS
     }
 
 
 def crd_files(directory: Path) -> dict[str, str]:
     """The CRD files currently in ``directory`` (name -> text)."""
-    return {path.name: path.read_text() for path in sorted(directory.glob(f"{GROUP}_*.yaml"))}
+    return {path.name: path.read_text() for path in sorted(directory.glob(f"{kinds.GROUP}_*.yaml"))}
 
 
 def write_crds(directory: Path) -> list[Path]:

@@ -28,6 +28,7 @@ from fleet_operator.models import (
     ShardStatus,
 )
 from rollout_runtime.health import HealthPhase, HealthState
+from rollout_runtime.kube import kinds
 from rollout_runtime.shards.model import Shard, revision_of
 
 __all__ = [
@@ -45,8 +46,8 @@ __all__ = [
     "status_needs_write",
 ]
 
-GENERATION_SHARD: Final[str] = "GenerationShard"
-ENVIRONMENT_SERVER: Final[str] = "EnvironmentServer"
+GENERATION_SHARD: Final[str] = kinds.GENERATION_SHARD.kind
+ENVIRONMENT_SERVER: Final[str] = kinds.ENVIRONMENT_SERVER.kind
 
 SHARD_VOLATILE_KEYS: Final[frozenset[str]] = frozenset(
     {

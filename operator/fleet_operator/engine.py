@@ -62,17 +62,15 @@ from rollout_runtime.health import (
     ProbeTarget,
     Transition,
 )
+from rollout_runtime.kube import kinds
+from rollout_runtime.kube.errors import api_error_is_transient
 
 __all__ = ["PLURALS", "ROLLOUT_FLEET", "FleetEngine", "TargetKey"]
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FLEET: Final[str] = "RolloutFleet"
-PLURALS: Final[Mapping[str, str]] = {
-    GENERATION_SHARD: "generationshards",
-    ENVIRONMENT_SERVER: "environmentservers",
-    ROLLOUT_FLEET: "rolloutfleets",
-}
+ROLLOUT_FLEET: Final[str] = kinds.ROLLOUT_FLEET.kind
+PLURALS: Final[Mapping[str, str]] = {kind: names.plural for kind, names in kinds.BY_KIND.items()}
 _SPEC_MODELS: Final[Mapping[str, type[GenerationShardSpec] | type[EnvironmentServerSpec]]] = {
     GENERATION_SHARD: GenerationShardSpec,
     ENVIRONMENT_SERVER: EnvironmentServerSpec,
@@ -205,9 +203,9 @@ class FleetEngine:
             try:
                 return await self._api.list_objects(plural, namespace)
             except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-                status = getattr(exc, "status", None)
-                if isinstance(status, int) and status < 500 and status != 429:
+                if not api_error_is_transient(exc):
                     raise  # 401/403/404: configuration or RBAC, not weather; fail loudly
+                status = getattr(exc, "status", None)
                 log.warning("listing %s failed (%s); retrying in %.1f s", plural, status or type(exc).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(_MAX_RETRY_SECONDS, delay * 2)
@@ -561,7 +559,8 @@ class FleetEngine:
                 _MAX_RETRY_SECONDS, max(self._settings.write_retry_seconds, record.retry_delay * 2)
             )
             record.retry_at = now + record.retry_delay
-            log.warning("status write failed, retrying in %.1f s: %s", record.retry_delay, exc)
+            level = logging.WARNING if exc.transient else logging.ERROR  # ERROR: RBAC or the CRD needs a fix
+            log.log(level, "status write failed, retrying in %.1f s: %s", record.retry_delay, exc)
             return False
         if outcome is WriteOutcome.GONE:
             log.info("%s %s/%s is gone; forgetting it", record.kind, record.namespace, record.name)

@@ -9,17 +9,16 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import inspect
-import os
 import uuid
-from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 import kopf
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet_operator.models import API_VERSION, GROUP, VERSION
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 
 __all__ = [
     "KubeApi",
@@ -28,7 +27,6 @@ __all__ = [
     "StatusWriteError",
     "WriteOutcome",
     "connection_info",
-    "load_client_configuration",
 ]
 
 
@@ -39,7 +37,14 @@ class WriteOutcome(enum.Enum):
 
 
 class StatusWriteError(RuntimeError):
-    """A write failed for a reason worth retrying later (API unavailable, throttled, conflict)."""
+    """A write failed. The engine retries it with backoff whatever the cause: statuses are recomputed every pass,
+    so a write refused for a reason someone fixes later (RBAC, an older CRD) heals without a restart.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+        """``api_error_is_transient`` of the cause; False: waiting alone will not help (the engine logs an error)."""
 
 
 class ObjectRef(Protocol):
@@ -57,18 +62,6 @@ class KubeApi(Protocol):
     async def post_event(self, ref: ObjectRef, *, type_: str, reason: str, message: str) -> None: ...
 
     async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]: ...
-
-
-async def load_client_configuration(kubeconfig: Path | None = None) -> client.Configuration:
-    """An explicit kubeconfig, else the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
-    configuration = client.Configuration()
-    if kubeconfig is not None:
-        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(client_configuration=configuration)
-    return configuration
 
 
 async def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
@@ -121,9 +114,15 @@ class KubeClient:
         except ApiException as exc:
             if exc.status == 404:
                 return WriteOutcome.GONE
-            raise StatusWriteError(f"PATCH {plural}/{namespace}/{name}/status: {exc.status} {exc.reason}") from exc
+            raise StatusWriteError(
+                f"PATCH {plural}/{namespace}/{name}/status: {exc.status} {exc.reason}",
+                transient=api_error_is_transient(exc),
+            ) from exc
         except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            raise StatusWriteError(f"PATCH {plural}/{namespace}/{name}/status: {type(exc).__name__}: {exc}") from exc
+            raise StatusWriteError(
+                f"PATCH {plural}/{namespace}/{name}/status: {type(exc).__name__}: {exc}",
+                transient=api_error_is_transient(exc),
+            ) from exc
         return WriteOutcome.WRITTEN
 
     async def post_event(self, ref: ObjectRef, *, type_: str, reason: str, message: str) -> None:
@@ -153,9 +152,14 @@ class KubeClient:
         try:
             await self._core.create_namespaced_event(ref.namespace, body)  # type: ignore[arg-type]
         except ApiException as exc:
-            raise StatusWriteError(f"POST event for {ref.kind}/{ref.name}: {exc.status} {exc.reason}") from exc
+            raise StatusWriteError(
+                f"POST event for {ref.kind}/{ref.name}: {exc.status} {exc.reason}",
+                transient=api_error_is_transient(exc),
+            ) from exc
         except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            raise StatusWriteError(f"POST event for {ref.kind}/{ref.name}: {type(exc).__name__}") from exc
+            raise StatusWriteError(
+                f"POST event for {ref.kind}/{ref.name}: {type(exc).__name__}", transient=api_error_is_transient(exc)
+            ) from exc
 
     async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
         if namespace is None:

@@ -9,6 +9,11 @@ nodes cannot cause two leaders. Writes are compare-and-swap on ``resourceVersion
 
 A leader that cannot renew for ``renew_deadline`` (two thirds of the lease duration) stops reconciling before any
 standby may take over. On graceful shutdown the leader releases the Lease so a standby takes over at once.
+
+A failed round is retried whatever the error, as client-go's leaderelection does: a standby keeps campaigning and a
+leader steps down at its deadline, so election fails safe rather than crashing a replica. Errors that waiting will
+not fix (:func:`~rollout_runtime.kube.errors.api_error_is_transient` false: RBAC, a missing namespace) are logged as
+errors.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from rollout_runtime.kube.errors import api_error_is_transient
 
 __all__ = ["LeaderElector", "LeaseAction", "LeaseRecord", "decide"]
 
@@ -66,6 +73,11 @@ def decide(
     if not record.holder or unchanged_for >= record.duration_seconds:
         return LeaseAction.TAKE
     return LeaseAction.WAIT
+
+
+def _severity(exc: BaseException) -> int:
+    """WARNING for the API server's weather, ERROR for what someone must fix (the round is retried either way)."""
+    return logging.WARNING if api_error_is_transient(exc) else logging.ERROR
 
 
 def _micro_time() -> str:
@@ -172,7 +184,7 @@ class LeaderElector:
                 if await self.try_acquire_or_renew():
                     return True
             except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-                log.warning("lease %s/%s: %s", self._namespace, self._name, exc)
+                log.log(_severity(exc), "lease %s/%s: %s", self._namespace, self._name, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._renew)
         return False
@@ -190,7 +202,7 @@ class LeaderElector:
                     log.error("lost lease %s/%s to another replica", self._namespace, self._name)
                     return
             except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-                log.warning("lease renewal failed: %s", exc)
+                log.log(_severity(exc), "lease renewal failed: %s", exc)
             if self.last_renewed is not None and self._clock() - self.last_renewed > self.renew_deadline:
                 log.error("could not renew lease within %.1f s: stepping down", self.renew_deadline)
                 self.is_leader = False
@@ -209,4 +221,4 @@ class LeaderElector:
                 await self._api.replace_namespaced_lease(self._name, self._namespace, body)  # type: ignore[arg-type]
                 log.info("released lease %s/%s", self._namespace, self._name)
         except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            log.warning("could not release lease: %s", exc)
+            log.log(_severity(exc), "could not release lease: %s", exc)

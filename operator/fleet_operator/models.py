@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 from rollout_runtime.dispatch.policy import FLEET_POLICY, DispatchPolicy
 from rollout_runtime.health import HealthPhase, ProbeSettings
 from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 from rollout_runtime.schema import ClusterView, rules_validator
 
 __all__ = [
@@ -48,10 +49,6 @@ __all__ = [
     "ServiceRef",
     "ShardStatus",
 ]
-
-GROUP: Final[str] = "rolloutfleet.dev"
-VERSION: Final[str] = "v1alpha1"
-API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"

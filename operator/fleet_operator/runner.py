@@ -31,12 +31,13 @@ from prometheus_client import CollectorRegistry
 
 from fleet_operator.engine import FleetEngine
 from fleet_operator.handlers import build_registry
-from fleet_operator.kube import KubeClient, connection_info, load_client_configuration
+from fleet_operator.kube import KubeClient, connection_info
 from fleet_operator.leader import LeaderElector
 from fleet_operator.metrics import FleetMetrics
 from fleet_operator.server import RunnerState, serve_http
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HttpProber, Prober
+from rollout_runtime.kube.config import load_client_configuration
 
 __all__ = ["OperatorRun", "run_operator"]
 

@@ -19,8 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet_operator.decisions import selector_matches
-from fleet_operator.kube import load_client_configuration
-from fleet_operator.models import GROUP, VERSION, LabelSelector, RolloutFleetSpec, RolloutFleetStatus
+from fleet_operator.models import LabelSelector, RolloutFleetSpec, RolloutFleetStatus
+from rollout_runtime.kube import kinds
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import GROUP, VERSION
 
 __all__ = ["fleet_table", "show_fleet_status"]
 
@@ -55,8 +58,10 @@ def fleet_table(
     table = Table(show_lines=False)
     for column in ("Kind", "Name", "Phase", "In set", "Endpoint", "Latency ms", "Last error"):
         table.add_column(column, overflow="fold")
-    members = [("GenerationShard", s) for s in _selected(shards, spec.shard_selector if spec else None)] + [
-        ("EnvironmentServer", e) for e in _selected(environments, spec.environment_server_selector if spec else None)
+    shard_selector = spec.shard_selector if spec else None
+    environment_selector = spec.environment_server_selector if spec else None
+    members = [(kinds.GENERATION_SHARD.kind, s) for s in _selected(shards, shard_selector)] + [
+        (kinds.ENVIRONMENT_SERVER.kind, e) for e in _selected(environments, environment_selector)
     ]
     for kind, obj in sorted(members, key=lambda m: (m[0], (m[1].get("metadata") or {}).get("name", ""))):
         member_status = obj.get("status") or {}
@@ -76,12 +81,13 @@ def fleet_table(
 
 
 async def _retrying(make: Callable[[], Awaitable[Any]], *, attempts: int = 8) -> Any:
-    """Make an API call; on 429 (e.g. a new CRD's storage still initialising) or 5xx, make it again after a pause."""
+    """Make an API call; on a transient answer (429 while a new CRD's storage initialises, 5xx), make it again after
+    the pause the server asks for (Retry-After, at most 10 s)."""
     for attempt in range(attempts):
         try:
             return await make()
         except ApiException as exc:
-            if attempt == attempts - 1 or not (exc.status == 429 or (exc.status or 0) >= 500):
+            if attempt == attempts - 1 or not api_error_is_transient(exc):
                 raise
             headers: Mapping[str, str] = exc.headers or {}
             retry_after = str(headers.get("Retry-After", "1"))
@@ -103,7 +109,7 @@ async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Pa
         api = client.CustomObjectsApi(api_client)
         try:
             obj = await _retrying(
-                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, "rolloutfleets", fleet)
+                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ROLLOUT_FLEET.plural, fleet)
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -111,10 +117,10 @@ async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Pa
                 return 1
             raise
         shards = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, "generationshards")
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.GENERATION_SHARD.plural)
         )
         environments = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, "environmentservers")
+            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ENVIRONMENT_SERVER.plural)
         )
     console.print(fleet_table(obj, shards.get("items", []), environments.get("items", [])))
     return 0

@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 
+from rollout_runtime.kube import kinds
 from support.chart import CHART_DIR
 from support.controlplane import ControlPlane
 from support.helm import Helm
 from support.processes import ManagedProcess, free_port, wait_until
 
 ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")
-PLURALS = ("generationshards", "environmentservers", "rolloutfleets")
+PLURALS = tuple(names.plural for names in kinds.KINDS)
 
 
 @dataclass
@@ -94,7 +95,7 @@ def http_status(url: str) -> int:
 def wait_for_crds(plane: ControlPlane) -> None:
     """The three CRDs are Established and their storage answers (a new CRD answers 429 for a moment)."""
     for plural in PLURALS:
-        plane.kubectl("wait", "--for=condition=Established", f"crd/{plural}.rolloutfleet.dev", "--timeout=60s")
+        plane.kubectl("wait", "--for=condition=Established", f"crd/{plural}.{kinds.GROUP}", "--timeout=60s")
         wait_until(
             lambda plural=plural: plane.kubectl("get", plural, "--all-namespaces", check=False).returncode == 0,  # type: ignore[misc]
             timeout=60,
@@ -159,7 +160,7 @@ def fleet_objects(namespace: str, ports: list[int]) -> list[dict[str, Any]]:
     probe = {"periodSeconds": 0.5, "timeoutSeconds": 0.4, "failureThreshold": 1, "successThreshold": 1}
     shards = [
         {
-            "apiVersion": "rolloutfleet.dev/v1alpha1",
+            "apiVersion": kinds.API_VERSION,
             "kind": "GenerationShard",
             "metadata": {"name": f"shard-{index}", "namespace": namespace, "labels": {"fleet": "e2e"}},
             "spec": {"endpoint": f"http://127.0.0.1:{port}", "model": "sim-model", "probe": probe},
@@ -167,7 +168,7 @@ def fleet_objects(namespace: str, ports: list[int]) -> list[dict[str, Any]]:
         for index, port in enumerate(ports)
     ]
     fleet = {
-        "apiVersion": "rolloutfleet.dev/v1alpha1",
+        "apiVersion": kinds.API_VERSION,
         "kind": "RolloutFleet",
         "metadata": {"name": "e2e", "namespace": namespace},
         "spec": {"shardSelector": {"matchLabels": {"fleet": "e2e"}}},

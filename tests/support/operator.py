@@ -25,11 +25,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_operator.crds import KINDS, generate_crds
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 from rollout_runtime.shards import Shard
 from support.controlplane import ControlPlane
 from support.processes import ManagedProcess, free_port
 
-GROUP, VERSION = "rolloutfleet.dev", "v1alpha1"
 ROLLOUT_FLEET_CLI = Path(sys.executable).parent / "rollout-fleet"
 
 
@@ -75,7 +76,7 @@ async def wait_for_object(
                     GROUP, VERSION, namespace, plural, field_selector=selector
                 )
             except (ApiException, aiohttp.ClientError) as exc:  # an API server (re)starting: 429, 5xx, refused
-                if isinstance(exc, ApiException) and exc.status != 429 and (exc.status or 0) < 500:
+                if not api_error_is_transient(exc):
                     raise
                 await asyncio.sleep(0.5)  # retry pause, not synchronisation
                 continue
@@ -108,7 +109,8 @@ def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-API = "rolloutfleet.dev/v1alpha1"
+API = API_VERSION
+"""The apiVersion of our objects (test modules import it from here)."""
 
 
 def fleet_objects(

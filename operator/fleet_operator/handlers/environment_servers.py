@@ -6,14 +6,13 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.decisions import ENVIRONMENT_SERVER
 from fleet_operator.handlers.common import apply_event
-from fleet_operator.models import GROUP, VERSION
+from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(GROUP, VERSION, "environmentservers", registry=registry)
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ENVIRONMENT_SERVER.plural, registry=registry)
     async def environment_server_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, ENVIRONMENT_SERVER, event)
+        await apply_event(memo.engine, kinds.ENVIRONMENT_SERVER.kind, event)

@@ -6,14 +6,13 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.decisions import GENERATION_SHARD
 from fleet_operator.handlers.common import apply_event
-from fleet_operator.models import GROUP, VERSION
+from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(GROUP, VERSION, "generationshards", registry=registry)
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.GENERATION_SHARD.plural, registry=registry)
     async def generation_shard_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, GENERATION_SHARD, event)
+        await apply_event(memo.engine, kinds.GENERATION_SHARD.kind, event)

@@ -6,14 +6,13 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.engine import ROLLOUT_FLEET
 from fleet_operator.handlers.common import apply_event
-from fleet_operator.models import GROUP, VERSION
+from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(GROUP, VERSION, "rolloutfleets", registry=registry)
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ROLLOUT_FLEET.plural, registry=registry)
     async def rollout_fleet_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, ROLLOUT_FLEET, event)
+        await apply_event(memo.engine, kinds.ROLLOUT_FLEET.kind, event)

@@ -22,25 +22,24 @@ import logging
 import random
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.kube.errors import api_error_is_transient
+from rollout_runtime.kube.kinds import GROUP, ROLLOUT_FLEET, VERSION
 from rollout_runtime.shards.model import HealthySet, Shard
 
 if TYPE_CHECKING:
     from rollout_runtime.dispatch import DispatchPolicy
 
-__all__ = ["FLEET_GROUP", "FLEET_PLURAL", "FLEET_VERSION", "KubernetesShardSource", "healthy_set_from_status"]
+__all__ = ["KubernetesShardSource", "healthy_set_from_status"]
 
 log = logging.getLogger(__name__)
-
-FLEET_GROUP: Final[str] = "rolloutfleet.dev"
-FLEET_VERSION: Final[str] = "v1alpha1"
-FLEET_PLURAL: Final[str] = "rolloutfleets"
 
 
 class _Gone(Exception):
@@ -133,15 +132,7 @@ class KubernetesShardSource:
         """The ApiClient to use, and whether we own it (and must close it)."""
         if self._api_client is not None:
             return self._api_client, False
-        configuration = client.Configuration()
-        if self._kubeconfig is not None:
-            await config.load_kube_config(config_file=str(self._kubeconfig), client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config(client_configuration=configuration)
-        return client.ApiClient(configuration), True
+        return client.ApiClient(await load_client_configuration(self._kubeconfig)), True
 
     async def get_fleet(self) -> dict[str, Any] | None:
         """One GET of the RolloutFleet (None if it does not exist)."""
@@ -150,7 +141,7 @@ class KubernetesShardSource:
             api = client.CustomObjectsApi(api_client)
             try:
                 fleet: dict[str, Any] = await api.get_namespaced_custom_object(
-                    FLEET_GROUP, FLEET_VERSION, self.namespace, FLEET_PLURAL, self.fleet
+                    GROUP, VERSION, self.namespace, ROLLOUT_FLEET.plural, self.fleet
                 )
             except ApiException as exc:
                 if exc.status == 404:
@@ -196,8 +187,14 @@ class KubernetesShardSource:
                     log.info("RolloutFleet %s/%s: watch expired (410 Gone); re-listing", self.namespace, self.fleet)
                     continue
                 except (ApiException, OSError, TimeoutError, ValueError, aiohttp.ClientError) as exc:
+                    # Retried whatever failed, as an informer does (the last snapshot stays in force). A garbled or
+                    # empty watch (a plain ValueError) is the stream's weather; an answer that waiting cannot fix
+                    # (the trainer's RBAC) is logged as an error.
+                    garbled = isinstance(exc, ValueError) and not isinstance(exc, aiohttp.ClientError)
+                    level = logging.WARNING if garbled or api_error_is_transient(exc) else logging.ERROR
                     pause = delay * random.uniform(0.5, 1.0)
-                    log.warning(
+                    log.log(
+                        level,
                         "RolloutFleet %s/%s: %s; reconnecting in %.1f s",
                         self.namespace,
                         self.fleet,
@@ -217,7 +214,7 @@ class KubernetesShardSource:
     async def _list(self, api: client.CustomObjectsApi) -> tuple[str, HealthySet]:
         self.relists += 1
         listing = await api.list_namespaced_custom_object(
-            FLEET_GROUP, FLEET_VERSION, self.namespace, FLEET_PLURAL, field_selector=f"metadata.name={self.fleet}"
+            GROUP, VERSION, self.namespace, ROLLOUT_FLEET.plural, field_selector=f"metadata.name={self.fleet}"
         )
         items = [i for i in listing.get("items") or [] if (i.get("metadata") or {}).get("name") == self.fleet]
         return str(listing["metadata"]["resourceVersion"]), self._snapshot(items[0] if items else None)
@@ -229,10 +226,10 @@ class KubernetesShardSource:
             started, events = loop.time(), 0
             try:
                 response = await api.list_namespaced_custom_object(
-                    FLEET_GROUP,
-                    FLEET_VERSION,
+                    GROUP,
+                    VERSION,
                     self.namespace,
-                    FLEET_PLURAL,
+                    ROLLOUT_FLEET.plural,
                     field_selector=f"metadata.name={self.fleet}",
                     watch=True,
                     allow_watch_bookmarks=True,

@@ -1,0 +1,58 @@
+"""The names of the three custom resources: group, version and each kind's kind, plural, singular and short names.
+
+The one place they are spelled. The operator's CRDs (``fleet_operator.crds`` adds the schemas, printer columns and
+descriptions), its watches, status writes and Events, the ``status`` CLI and the runtime's KubernetesShardSource
+all read them from here, so a renamed plural or a new version is one edit. Pure data: importing it loads no client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "API_VERSION",
+    "BY_KIND",
+    "ENVIRONMENT_SERVER",
+    "GENERATION_SHARD",
+    "GROUP",
+    "KINDS",
+    "ROLLOUT_FLEET",
+    "VERSION",
+    "KindNames",
+]
+
+GROUP: Final[str] = "rolloutfleet.dev"
+VERSION: Final[str] = "v1alpha1"
+API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
+"""What an object's ``apiVersion`` says (and what an Event's ``involvedObject`` refers to)."""
+
+
+@dataclass(frozen=True)
+class KindNames:
+    """How Kubernetes names one kind: in objects (``kind``), in URLs (``plural``) and on kubectl's command line."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def crd_name(self) -> str:
+        """The CustomResourceDefinition's name, ``<plural>.<group>``."""
+        return f"{self.plural}.{GROUP}"
+
+
+GENERATION_SHARD: Final[KindNames] = KindNames("GenerationShard", "generationshards", "generationshard", ("gshard",))
+ENVIRONMENT_SERVER: Final[KindNames] = KindNames(
+    "EnvironmentServer", "environmentservers", "environmentserver", ("envsrv",)
+)
+ROLLOUT_FLEET: Final[KindNames] = KindNames("RolloutFleet", "rolloutfleets", "rolloutfleet", ("rfleet",))
+KINDS: Final[tuple[KindNames, ...]] = (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET)
+BY_KIND: Final[Mapping[str, KindNames]] = {names.kind: names for names in KINDS}
+"""``kind`` -> its names (the engine keys records by kind and writes by plural)."""
