@@ -152,7 +152,7 @@ class FleetEngine:
         self._api = api
         self._metrics = metrics if metrics is not None else FleetMetrics()
         self._wall = wall_clock
-        self._monitor = HealthMonitor([], prober, max_concurrency=settings.probe_concurrency)
+        self._monitor: HealthMonitor[str] = HealthMonitor([], prober, max_concurrency=settings.probe_concurrency)
         self._targets: dict[TargetKey, _Target] = {}
         self._fleets: dict[tuple[str, str], _Fleet] = {}
         self._events: deque[_Event] = deque(maxlen=_MAX_PENDING_EVENTS)
@@ -346,11 +346,11 @@ class FleetEngine:
             tasks.create_task(self._write_loop(), name="fleet-write-loop")
 
     async def _probe_loop(self) -> None:
-        async with contextlib.aclosing(cast(AsyncGenerator[ProbeRound, None], self._monitor.rounds())) as rounds:
+        async with contextlib.aclosing(cast(AsyncGenerator[ProbeRound[str], None], self._monitor.rounds())) as rounds:
             async for probe_round in rounds:
                 self._on_round(probe_round)
 
-    async def probe_now(self) -> ProbeRound:
+    async def probe_now(self) -> ProbeRound[str]:
         """Probe every target once, outside the schedule (tests, and ``rollout-fleet status --probe``)."""
         probe_round = await self._monitor.probe_round()
         self._on_round(probe_round)
@@ -361,7 +361,7 @@ class FleetEngine:
         state = self._monitor.states.get(_monitor_name((kind, namespace, name)))
         return state.phase if state is not None else None
 
-    def _on_round(self, probe_round: ProbeRound) -> None:
+    def _on_round(self, probe_round: ProbeRound[str]) -> None:
         for name, result in probe_round.results.items():
             kind = name.split("/", 1)[0]
             self._metrics.probe_duration_seconds.labels(kind).observe(result.latency_seconds)
