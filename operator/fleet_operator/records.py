@@ -309,16 +309,9 @@ class Records:
             if target.namespace != namespace or target.spec is None:
                 continue
             state = states.get(key)
+            phase = state.phase if state is not None else HealthPhase.PENDING
+            kind, _, name = key
             members.append(
-                Member(
-                    kind=target.kind,
-                    namespace=target.namespace,
-                    name=target.name,
-                    labels=target.labels,
-                    spec=target.spec,
-                    endpoint=target.endpoint,
-                    phase=state.phase if state is not None else HealthPhase.PENDING,
-                    last_success_at=last_ok_at.get(key),
-                )
+                Member(kind, namespace, name, target.labels, target.spec, target.endpoint, phase, last_ok_at.get(key))
             )
         return members
