@@ -1,5 +1,6 @@
 """Reconciliation decisions, pure: what a target's endpoint is, which members a fleet selects, what the statuses
-say, and whether a status is worth a write. The engine (:mod:`fleet_operator.engine`) does the I/O around them.
+and Events say, and whether a status is worth a write. :mod:`fleet_operator.schedule` says when to ask;
+the engine (:mod:`fleet_operator.engine`) does the I/O around them.
 
 Write policy (why the operator is cheap for the API server): a status is split into a *stable* part (phase,
 endpoint, conditions, observedGeneration; for a fleet the healthy set, counts and conditions) and a *volatile*
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fleet_operator.conditions import rfc3339, set_condition
+from fleet_operator.conditions import find_condition, rfc3339, set_condition
 from fleet_operator.models import (
     EnvironmentServerEntry,
     EnvironmentServerSpec,
@@ -27,7 +28,7 @@ from fleet_operator.models import (
     RolloutFleetStatus,
     ShardStatus,
 )
-from rollout_runtime.health import HealthPhase, HealthState
+from rollout_runtime.health import HealthPhase, HealthState, Transition
 from rollout_runtime.kube import kinds
 from rollout_runtime.shards.model import Shard, revision_of
 
@@ -35,19 +36,24 @@ __all__ = [
     "ENVIRONMENT_SERVER",
     "FLEET_VOLATILE_KEYS",
     "GENERATION_SHARD",
+    "ROLLOUT_FLEET",
     "SHARD_VOLATILE_KEYS",
+    "EventNote",
     "Member",
     "fleet_revision",
     "fleet_status",
+    "readiness_event",
     "resolve_endpoint",
     "selector_matches",
     "shard_status",
     "stable_part",
     "status_needs_write",
+    "transition_event",
 ]
 
 GENERATION_SHARD: Final[str] = kinds.GENERATION_SHARD.kind
 ENVIRONMENT_SERVER: Final[str] = kinds.ENVIRONMENT_SERVER.kind
+ROLLOUT_FLEET: Final[str] = kinds.ROLLOUT_FLEET.kind
 
 SHARD_VOLATILE_KEYS: Final[frozenset[str]] = frozenset(
     {
@@ -293,3 +299,39 @@ def status_needs_write(
     if stable_part(last_written, volatile) != stable_part(desired, volatile):
         return True
     return heartbeat_due and dict(last_written) != dict(desired)
+
+
+@dataclass(frozen=True)
+class EventNote:
+    """A Kubernetes Event to post about an object (best effort: its status already says the same)."""
+
+    type_: str
+    reason: str
+    message: str
+
+
+def transition_event(transition: Transition) -> EventNote:
+    """A target's phase change: ``Became<Phase>``, a Warning when it stops serving or starts failing."""
+    bad = transition.to_phase in (HealthPhase.UNHEALTHY, HealthPhase.SUSPECT)
+    detail = f": {transition.message}" if transition.message else ""
+    return EventNote(
+        type_="Warning" if bad else "Normal",
+        reason=f"Became{transition.to_phase.value}",
+        message=f"{transition.from_phase.value} -> {transition.to_phase.value} ({transition.reason}){detail}",
+    )
+
+
+def readiness_event(before: RolloutFleetStatus | None, after: RolloutFleetStatus) -> EventNote | None:
+    """``FleetReady`` / ``FleetNotReady`` when a written fleet status flips its Ready condition (None: no flip)."""
+
+    def ready(status: RolloutFleetStatus | None) -> str | None:
+        found = find_condition(status.conditions, "Ready") if status else None
+        return found.status if found else None
+
+    if ready(before) == ready(after):
+        return None
+    return EventNote(
+        type_="Normal" if ready(after) == "True" else "Warning",
+        reason="FleetReady" if ready(after) == "True" else "FleetNotReady",
+        message=f"{after.healthy} shards healthy (revision {after.revision})",
+    )

@@ -1,15 +1,17 @@
-"""The reconciliation engine: probes every target through the shared HealthMonitor and writes statuses, coalesced.
+"""The reconciliation engine, the I/O around pure parts: it probes every target through the shared HealthMonitor
+and writes statuses, coalesced.
 
-Fed by the kopf handlers (:meth:`FleetEngine.upsert`, :meth:`FleetEngine.forget`), it keeps one record per
-GenerationShard, EnvironmentServer and RolloutFleet. Two tasks run while the operator leads:
+Fed by the kopf handlers (:meth:`FleetEngine.upsert`, :meth:`FleetEngine.forget`), it keeps the records of
+:mod:`fleet_operator.records` (one per GenerationShard, EnvironmentServer and RolloutFleet) and syncs the monitor's
+probe list with them. Two tasks run while the operator leads:
 
 - the probe loop drives ``HealthMonitor.rounds()`` (the runtime's one probe + hysteresis implementation) and turns
   results into metrics and transitions into Events and dirty marks;
-- the writer decides, with the pure functions in :mod:`fleet_operator.decisions`, which statuses need a write:
-  target statuses at once on a phase change and otherwise on a heartbeat; fleet statuses
-  ``fleet_coalesce_seconds`` after the first change (a burst of shard transitions is one write) and on a
-  heartbeat. Failed writes are retried with backoff; a 404 means the object is gone and its record is dropped
-  (which also covers deletions missed while a watch was down).
+- the writer follows :mod:`fleet_operator.schedule` (when, in what order, retries) and
+  :mod:`fleet_operator.decisions` (what the statuses say, whether they need a write): target statuses at once on a
+  phase change and otherwise on a heartbeat; fleet statuses ``fleet_coalesce_seconds`` after the first change (a
+  burst of shard transitions is one write) and on a heartbeat. Failed writes are retried with backoff; a 404 means
+  the object is gone and its record is dropped (which also covers deletions missed while a watch was down).
 
 Nothing is written at startup for objects whose persisted status is already right: a target resumes from its
 persisted phase and counts (``HealthState.restore``), so a restarted or failed-over operator neither empties a
@@ -24,39 +26,45 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Final, cast
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
-from pydantic import ValidationError
 
 from fleet_operator.decisions import (
     ENVIRONMENT_SERVER,
     FLEET_VOLATILE_KEYS,
     GENERATION_SHARD,
+    ROLLOUT_FLEET,
     SHARD_VOLATILE_KEYS,
-    Member,
+    EventNote,
     fleet_status,
-    resolve_endpoint,
+    readiness_event,
     shard_status,
-    status_needs_write,
+    transition_event,
 )
 from fleet_operator.kube import KubeApi, StatusWriteError, WriteOutcome
 from fleet_operator.metrics import FleetMetrics
-from fleet_operator.models import (
-    EnvironmentServerSpec,
-    GenerationShardSpec,
-    RolloutFleetSpec,
-    RolloutFleetStatus,
-    ShardStatus,
+from fleet_operator.models import RolloutFleetStatus, ShardStatus
+from fleet_operator.records import (
+    FleetKey,
+    FleetRecord,
+    Record,
+    Records,
+    TargetKey,
+    TargetRecord,
+    expected_model,
+    observe_fleet,
+    observe_target,
+    parse_status,
 )
+from fleet_operator.schedule import MAX_IN_FLIGHT_WRITES, PASS_ORDER, Sweep, TargetWrite, WriteSchedule, retry_delay
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import (
     CLOCK_SLACK_SECONDS,
     HealthMonitor,
     HealthPhase,
-    HealthState,
     Prober,
     ProbeRound,
     ProbeTarget,
@@ -69,69 +77,14 @@ __all__ = ["PLURALS", "ROLLOUT_FLEET", "FleetEngine", "TargetKey"]
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FLEET: Final[str] = kinds.ROLLOUT_FLEET.kind
 PLURALS: Final[Mapping[str, str]] = {kind: names.plural for kind, names in kinds.BY_KIND.items()}
-_SPEC_MODELS: Final[Mapping[str, type[GenerationShardSpec] | type[EnvironmentServerSpec]]] = {
-    GENERATION_SHARD: GenerationShardSpec,
-    ENVIRONMENT_SERVER: EnvironmentServerSpec,
-}
-_MAX_RETRY_SECONDS: Final[float] = 30.0
 _MAX_PENDING_EVENTS: Final[int] = 1000
-_WRITE_CONCURRENCY: Final[int] = 16
-"""Status PATCHes one writer sweep keeps in flight: at 1,000 targets a sequential sweep takes minutes on a busy
-apiserver (measured by bench/operator_scale.py), and a fleet's status must never wait that long."""
-
-TargetKey = tuple[str, str, str]
-"""(kind, namespace, name)."""
-
-
-def _monitor_name(key: TargetKey) -> str:
-    return "/".join(key)
-
-
-def _compact(status: Mapping[str, Any]) -> dict[str, Any]:
-    """A status as the API server keeps it after a merge patch: keys with null values are absent."""
-    return {k: v for k, v in status.items() if v is not None}
-
-
-@dataclass
-class _Record:
-    """What the writer remembers of one object: the last status it wrote (or found) and when."""
-
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-    generation: int | None
-    written: dict[str, Any] | None = None
-    written_at: float = float("-inf")
-    """Loop time the status was last written, or last found current on a heartbeat check."""
-    retry_at: float = float("-inf")
-    retry_delay: float = 0.0
-
-
-@dataclass
-class _Target(_Record):
-    labels: dict[str, str] = field(default_factory=dict)
-    spec: GenerationShardSpec | EnvironmentServerSpec | None = None
-    endpoint: str = ""
-    invalid: str | None = None
-    """Why the spec could not be used (an object that slipped past an older CRD); such a target is never probed."""
-
-
-@dataclass
-class _Fleet(_Record):
-    spec: RolloutFleetSpec | None = None
-    invalid: str | None = None
-    dirty_since: float | None = None
 
 
 @dataclass(frozen=True)
 class _Event:
-    ref: _Record
-    type_: str
-    reason: str
-    message: str
+    ref: Record
+    note: EventNote
 
 
 class FleetEngine:
@@ -150,9 +103,13 @@ class FleetEngine:
         self._api = api
         self._metrics = metrics if metrics is not None else FleetMetrics()
         self._wall = wall_clock
-        self._monitor = HealthMonitor([], prober, max_concurrency=settings.probe_concurrency)
-        self._targets: dict[TargetKey, _Target] = {}
-        self._fleets: dict[tuple[str, str], _Fleet] = {}
+        self._schedule = WriteSchedule(
+            heartbeat_seconds=settings.status_heartbeat_seconds,
+            coalesce_seconds=settings.fleet_coalesce_seconds,
+            retry_seconds=settings.write_retry_seconds,
+        )
+        self._monitor: HealthMonitor[TargetKey] = HealthMonitor([], prober, max_concurrency=settings.probe_concurrency)
+        self._records = Records()
         self._events: deque[_Event] = deque(maxlen=_MAX_PENDING_EVENTS)
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
@@ -190,9 +147,9 @@ class FleetEngine:
         # One probe-list sync for everything listed: one per object would be quadratic in the fleet size.
         self._sync_monitor(restore=primed)
         for key in primed:
-            target = self._targets.get(key)
+            target = self._records.targets.get(key)
             if target is not None and target.spec is not None and target.spec.drain:
-                await self._monitor.set_draining(_monitor_name(key), True)
+                await self._monitor.set_draining(key, True)
         self._synced.set()
         self._wake.set()
 
@@ -208,7 +165,7 @@ class FleetEngine:
                 status = getattr(exc, "status", None)
                 log.warning("listing %s failed (%s); retrying in %.1f s", plural, status or type(exc).__name__, delay)
                 await asyncio.sleep(delay)
-                delay = min(_MAX_RETRY_SECONDS, delay * 2)
+                delay = retry_delay(delay, self._settings.write_retry_seconds)
 
     async def upsert(self, kind: str, body: Mapping[str, Any]) -> None:
         """An object was listed, added or modified (our own status writes included: cheap when nothing changed)."""
@@ -221,82 +178,42 @@ class FleetEngine:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         """An object was deleted."""
         if kind == ROLLOUT_FLEET:
-            if self._fleets.pop((namespace, name), None) is not None:
+            if self._records.fleets.pop(FleetKey(namespace, name), None) is not None:
                 self._metrics.forget_fleet(namespace, name)
             return
-        target = self._targets.pop((kind, namespace, name), None)
+        target = self._records.targets.pop(TargetKey(kind, namespace, name), None)
         if target is None:
             return
         self._sync_monitor()
         self._metrics.forget_target(namespace, kind, name)
-        self._dirty_fleets(namespace)
+        self._records.dirty_fleets(namespace, asyncio.get_running_loop().time())
         self._wake.set()
 
     async def _upsert_target(self, kind: str, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        key: TargetKey = (kind, meta.get("namespace", ""), meta.get("name", ""))
-        labels = dict(meta.get("labels") or {})
-        generation = meta.get("generation")
-        try:
-            spec = _SPEC_MODELS[kind].model_validate(body.get("spec") or {})
-            invalid = None
-            endpoint = resolve_endpoint(spec, key[1], self._settings.cluster_domain)
-        except ValidationError as exc:
-            spec, endpoint = None, ""
-            invalid = f"invalid spec: {exc.errors()[0].get('msg', exc)}"[:1024]
-        target = self._targets.get(key)
-        if target is not None and target.uid != meta.get("uid", ""):
-            self.forget(*key)  # deleted and re-created while we were not looking: a new object
-            target = None
-        if target is None:
-            target = _Target(kind=kind, namespace=key[1], name=key[2], uid=meta.get("uid", ""), generation=generation)
-            persisted = body.get("status") or None
-            if persisted:
-                target.written = _compact(persisted)
-                target.written_at = asyncio.get_running_loop().time()
-            self._targets[key] = target
-            changed_probe = True
-        else:
-            changed_probe = (target.spec, target.endpoint) != (spec, endpoint)
-        old_labels, old_spec = target.labels, target.spec
-        target.labels, target.spec, target.endpoint = labels, spec, endpoint
-        target.generation, target.invalid = generation, invalid
-        if changed_probe and self._priming is not None:
-            self._priming[key] = body.get("status") or {}
-        elif changed_probe:
-            relocated = old_spec is not None and (
-                target.endpoint != self._monitor.targets.get(_monitor_name(key), ProbeTarget("", "")).endpoint
-                or _expected_model(old_spec) != _expected_model(spec)
+        seen = observe_target(kind, body, self._settings.cluster_domain)
+        key = seen.key
+        if self._records.replaced(seen):
+            self.forget(*key)
+        update = self._records.update_target(seen, asyncio.get_running_loop().time())
+        if update.probe_changed and self._priming is not None:
+            self._priming[key] = seen.status
+        elif update.probe_changed:
+            relocated = update.previous_spec is not None and (
+                seen.endpoint != self._monitor.targets.get(key, ProbeTarget("", "")).endpoint
+                or expected_model(update.previous_spec) != expected_model(seen.spec)
             )
-            self._sync_monitor(restore={key: body.get("status") or {}}, reset={key} if relocated else set())
-        if spec is not None and _monitor_name(key) in self._monitor.states:
+            self._sync_monitor(restore={key: seen.status}, reset={key} if relocated else set())
+        if seen.spec is not None and key in self._monitor.states:
             # The monitor reports the resulting transition in its next round, like any other.
-            await self._monitor.set_draining(_monitor_name(key), spec.drain)
-        if changed_probe or old_labels != labels:
-            self._dirty_fleets(key[1])
+            await self._monitor.set_draining(key, seen.spec.drain)
+        if update.probe_changed or update.labels_changed:
+            self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
 
     def _upsert_fleet(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        try:
-            spec: RolloutFleetSpec | None = RolloutFleetSpec.model_validate(body.get("spec") or {})
-            invalid = None
-        except ValidationError as exc:
-            spec, invalid = None, f"invalid spec: {exc.errors()[0].get('msg', exc)}"[:1024]
-        fleet = self._fleets.get(key)
-        if fleet is not None and fleet.uid != meta.get("uid", ""):
-            self.forget(ROLLOUT_FLEET, *key)
-            fleet = None
-        if fleet is None:
-            fleet = _Fleet(kind=ROLLOUT_FLEET, namespace=key[0], name=key[1], uid=meta.get("uid", ""), generation=None)
-            persisted = body.get("status") or None
-            if persisted:
-                fleet.written = _compact(persisted)
-                fleet.written_at = asyncio.get_running_loop().time()
-            self._fleets[key] = fleet
-        if (fleet.spec, fleet.generation, fleet.invalid) != (spec, meta.get("generation"), invalid):
-            fleet.dirty_since = fleet.dirty_since or asyncio.get_running_loop().time()
-        fleet.spec, fleet.generation, fleet.invalid = spec, meta.get("generation"), invalid
+        seen = observe_fleet(body)
+        if self._records.replaced(seen):
+            self.forget(ROLLOUT_FLEET, *seen.key)
+        self._records.update_fleet(seen, asyncio.get_running_loop().time())
 
     def _sync_monitor(
         self, *, restore: Mapping[TargetKey, Mapping[str, Any]] | None = None, reset: Iterable[TargetKey] = ()
@@ -304,35 +221,9 @@ class FleetEngine:
         """Give the monitor the current target list; new targets resume from their persisted status."""
         reset = set(reset)
         if reset:  # a new endpoint or model is a new server: forget what the old one earned
-            keep = [t for name, t in self._monitor.targets.items() if tuple(name.split("/", 2)) not in reset]
-            self._monitor.set_targets(keep)
-        wanted = [
-            ProbeTarget(
-                name=_monitor_name(key),
-                endpoint=t.endpoint,
-                settings=t.spec.probe,
-                expected_model=_expected_model(t.spec),
-            )
-            for key, t in self._targets.items()
-            if t.spec is not None
-        ]
-        known = set(self._monitor.states)
-        initial: dict[str, HealthState] = {}
-        for key, persisted in (restore or {}).items():
-            name = _monitor_name(key)
-            target = self._targets.get(key)
-            if name in known or key in reset or target is None or target.spec is None:
-                continue
-            state = _restored_state(target.spec, persisted)
-            if state is not None:
-                initial[name] = state
-        self._monitor.set_targets(wanted, initial_states=initial)
-
-    def _dirty_fleets(self, namespace: str) -> None:
-        now = asyncio.get_running_loop().time()
-        for fleet in self._fleets.values():
-            if fleet.namespace == namespace and fleet.dirty_since is None:
-                fleet.dirty_since = now
+            self._monitor.set_targets([t for key, t in self._monitor.targets.items() if key not in reset])
+        initial = self._records.restored_states(restore or {}, skip=set(self._monitor.states) | reset)
+        self._monitor.set_targets(self._records.probe_targets(), initial_states=initial)
 
     # ------------------------------------------------------------------------------------------------------------
     # The loops
@@ -344,11 +235,13 @@ class FleetEngine:
             tasks.create_task(self._write_loop(), name="fleet-write-loop")
 
     async def _probe_loop(self) -> None:
-        async with contextlib.aclosing(cast(AsyncGenerator[ProbeRound, None], self._monitor.rounds())) as rounds:
+        async with contextlib.aclosing(
+            cast(AsyncGenerator[ProbeRound[TargetKey], None], self._monitor.rounds())
+        ) as rounds:
             async for probe_round in rounds:
                 self._on_round(probe_round)
 
-    async def probe_now(self) -> ProbeRound:
+    async def probe_now(self) -> ProbeRound[TargetKey]:
         """Probe every target once, outside the schedule (tests, and ``rollout-fleet status --probe``)."""
         probe_round = await self._monitor.probe_round()
         self._on_round(probe_round)
@@ -356,47 +249,32 @@ class FleetEngine:
 
     def phase(self, kind: str, namespace: str, name: str) -> HealthPhase | None:
         """A target's current phase (None: unknown or never probed)."""
-        state = self._monitor.states.get(_monitor_name((kind, namespace, name)))
+        state = self._monitor.states.get(TargetKey(kind, namespace, name))
         return state.phase if state is not None else None
 
-    def _on_round(self, probe_round: ProbeRound) -> None:
-        for name, result in probe_round.results.items():
-            kind = name.split("/", 1)[0]
-            self._metrics.probe_duration_seconds.labels(kind).observe(result.latency_seconds)
+    def _on_round(self, probe_round: ProbeRound[TargetKey]) -> None:
+        for key, result in probe_round.results.items():
+            self._metrics.probe_duration_seconds.labels(key.kind).observe(result.latency_seconds)
             if not result.ok:
-                self._metrics.probe_failures_total.labels(kind, result.reason.value).inc()
-        for name, transition in probe_round.transitions:
-            key = tuple(name.split("/", 2))
-            if len(key) == 3 and key in self._targets:
-                self._on_transition((key[0], key[1], key[2]), transition)
+                self._metrics.probe_failures_total.labels(key.kind, result.reason.value).inc()
+        for key, transition in probe_round.transitions:
+            if key in self._records.targets:
+                self._on_transition(key, transition)
         if probe_round.transitions:
             self._wake.set()
 
     def _on_transition(self, key: TargetKey, transition: Transition) -> None:
-        target = self._targets[key]
+        target = self._records.targets[key]
         self._metrics.health_transitions_total.labels(
-            key[0], transition.from_phase.value, transition.to_phase.value
+            key.kind, transition.from_phase.value, transition.to_phase.value
         ).inc()
-        self._metrics.shard_healthy.labels(key[1], key[0], key[2]).set(1 if transition.to_phase.serving else 0)
-        bad = transition.to_phase in (HealthPhase.UNHEALTHY, HealthPhase.SUSPECT)
-        detail = f": {transition.message}" if transition.message else ""
-        self._events.append(
-            _Event(
-                ref=target,
-                type_="Warning" if bad else "Normal",
-                reason=f"Became{transition.to_phase.value}",
-                message=f"{transition.from_phase.value} -> {transition.to_phase.value} ({transition.reason}){detail}",
-            )
+        self._metrics.shard_healthy.labels(key.namespace, key.kind, key.name).set(
+            1 if transition.to_phase.serving else 0
         )
-        self._dirty_fleets(key[1])
-        log.info(
-            "%s %s/%s: %s -> %s (%s)%s",
-            *key,
-            transition.from_phase.value,
-            transition.to_phase.value,
-            transition.reason,
-            detail,
-        )
+        note = transition_event(transition)
+        self._events.append(_Event(ref=target, note=note))
+        self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
+        log.info("%s %s/%s: %s", *key, note.message)
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -412,52 +290,52 @@ class FleetEngine:
                     await self._wake.wait()
 
     async def write_pass(self, now: float) -> float:
-        """One writer pass at loop time ``now``: transitions first, then fleets, then heartbeats and events.
+        """One writer pass at loop time ``now``, in :data:`~fleet_operator.schedule.PASS_ORDER`: transitions, then
+        fleets (once primed), then heartbeats; then Events.
 
-        Each target sweep keeps up to ``_WRITE_CONCURRENCY`` PATCHes in flight.
+        Each target sweep keeps up to ``MAX_IN_FLIGHT_WRITES`` PATCHes in flight.
 
         Returns the loop time by which the next pass is due (a heartbeat, a coalescing window, a retry).
         """
-        heartbeat = self._settings.status_heartbeat_seconds
-        next_due = now + heartbeat
-        # Targets' phase changes (stable part), then fleets, then targets' heartbeats: a fleet (what trainers read)
-        # never waits behind a heartbeat wave. The PATCHes of one sweep overlap, bounded.
-        for heartbeat_pass in (False, True):
-            writes: list[tuple[_Target, dict[str, Any]]] = []
-            checked: list[tuple[TargetKey, _Target]] = []
-            for key, target in list(self._targets.items()):
-                if target.retry_at > now:
-                    next_due = min(next_due, target.retry_at)
+        next_due = now + self._schedule.heartbeat_seconds
+        for sweep in PASS_ORDER:
+            if sweep is Sweep.FLEETS:
+                if self._synced.is_set():
+                    for fleet in list(self._records.fleets.values()):
+                        next_due = min(next_due, await self._maybe_write_fleet(fleet, now))
+                continue
+            writes: list[tuple[TargetRecord, dict[str, Any]]] = []
+            checked: list[tuple[TargetKey, TargetRecord]] = []
+            for key, target in list(self._records.targets.items()):
+                if target.write.retrying(now):
+                    next_due = min(next_due, target.write.retry_at)
                     continue
-                due = heartbeat_pass and now - target.written_at >= heartbeat
                 desired = self._target_status(key, target)
                 if desired is None:
                     continue
                 checked.append((key, target))
-                if status_needs_write(target.written, _compact(desired), SHARD_VOLATILE_KEYS, heartbeat_due=due):
+                action = self._schedule.target_write(target.write, desired, SHARD_VOLATILE_KEYS, now, sweep=sweep)
+                if action is TargetWrite.WRITE:
                     writes.append((target, desired))
-                elif due:
-                    target.written_at = now  # checked: nothing new to say until the next heartbeat
+                elif action is TargetWrite.CHECKED:
+                    target.write.written_at = now  # nothing new to say until the next heartbeat
             await self._write_all(writes, now)
-            if heartbeat_pass:
+            if sweep is Sweep.HEARTBEATS:
                 for key, target in checked:
-                    if key in self._targets:
-                        next_due = min(next_due, max(target.written_at + heartbeat, target.retry_at))
-            elif self._synced.is_set():
-                for fleet in list(self._fleets.values()):
-                    next_due = min(next_due, await self._maybe_write_fleet(fleet, now))
+                    if key in self._records.targets:
+                        next_due = min(next_due, self._schedule.target_next_due(target.write))
         await self._post_events()
         return next_due
 
-    async def _write_all(self, writes: list[tuple[_Target, dict[str, Any]]], now: float) -> None:
-        """Write target statuses with up to ``_WRITE_CONCURRENCY`` PATCHes in flight."""
+    async def _write_all(self, writes: list[tuple[TargetRecord, dict[str, Any]]], now: float) -> None:
+        """Write target statuses with up to ``MAX_IN_FLIGHT_WRITES`` PATCHes in flight."""
         if len(writes) <= 1:
             for target, desired in writes:
                 await self._write(target, desired, now)
             return
-        limit = asyncio.Semaphore(_WRITE_CONCURRENCY)
+        limit = asyncio.Semaphore(MAX_IN_FLIGHT_WRITES)
 
-        async def one(target: _Target, desired: dict[str, Any]) -> None:
+        async def one(target: TargetRecord, desired: dict[str, Any]) -> None:
             async with limit:
                 await self._write(target, desired, now)
 
@@ -465,15 +343,15 @@ class FleetEngine:
             for target, desired in writes:
                 group.create_task(one(target, desired))
 
-    def _target_status(self, key: TargetKey, target: _Target) -> dict[str, Any] | None:
-        previous = _parse(ShardStatus, target.written)
+    def _target_status(self, key: TargetKey, target: TargetRecord) -> dict[str, Any] | None:
+        previous = parse_status(ShardStatus, target.write.written)
         if target.spec is None:
             if target.invalid is None:
                 return None
             return ShardStatus(
                 phase=HealthPhase.PENDING, last_error=target.invalid, observed_generation=target.generation
             ).model_dump(mode="json", by_alias=True)
-        state = self._monitor.states.get(_monitor_name(key))
+        state = self._monitor.states.get(key)
         if state is None:
             return None
         self._metrics.shard_healthy.labels(target.namespace, target.kind, target.name).set(1 if state.serving else 0)
@@ -481,93 +359,52 @@ class FleetEngine:
             state,
             endpoint=target.endpoint,
             generation=target.generation,
-            last_success_at=self._monitor.last_ok_at.get(_monitor_name(key)),
+            last_success_at=self._monitor.last_ok_at.get(key),
             previous=previous,
             now=self._wall(),
         )
         return status.model_dump(mode="json", by_alias=True)
 
-    async def _maybe_write_fleet(self, fleet: _Fleet, now: float) -> float:
-        heartbeat = self._settings.status_heartbeat_seconds
-        if fleet.retry_at > now:
-            return fleet.retry_at
-        coalesce_until = (fleet.dirty_since + self._settings.fleet_coalesce_seconds) if fleet.dirty_since else None
-        if coalesce_until is not None and coalesce_until > now:
-            return coalesce_until
-        heartbeat_due = now - fleet.written_at >= heartbeat
-        if coalesce_until is None and not heartbeat_due:
-            return fleet.written_at + heartbeat
+    async def _maybe_write_fleet(self, fleet: FleetRecord, now: float) -> float:
+        wait = self._schedule.fleet_wait(fleet.write, fleet.dirty_since, now)
+        if wait is not None:
+            return wait
+        heartbeat_due = self._schedule.heartbeat_due(fleet.write, now)
         fleet.dirty_since = None
         if fleet.spec is None:
-            return now + heartbeat
+            return self._schedule.fleet_next_due(fleet.write, now)
+        before = parse_status(RolloutFleetStatus, fleet.write.written)
         status = fleet_status(
             fleet.spec,
-            self._members(fleet.namespace),
+            self._records.members(fleet.namespace, self._monitor.states, self._monitor.last_ok_at),
             generation=fleet.generation,
-            previous=_parse(RolloutFleetStatus, fleet.written),
+            previous=before,
             now=self._wall(),
         )
         desired = status.model_dump(mode="json", by_alias=True)
         self._metrics.healthy_shards.labels(fleet.namespace, fleet.name).set(status.ready_shards)
         self._metrics.shards.labels(fleet.namespace, fleet.name).set(status.total_shards)
-        if status_needs_write(fleet.written, _compact(desired), FLEET_VOLATILE_KEYS, heartbeat_due=heartbeat_due):
-            before = _parse(RolloutFleetStatus, fleet.written)
-            if await self._write(fleet, desired, now):
-                self._fleet_ready_event(fleet, before, status)
-        return fleet.retry_at if fleet.retry_at > now else now + heartbeat
+        if fleet.write.needs_write(desired, FLEET_VOLATILE_KEYS, heartbeat_due=heartbeat_due) and await self._write(
+            fleet, desired, now
+        ):
+            note = readiness_event(before, status)
+            if note is not None:
+                self._events.append(_Event(ref=fleet, note=note))
+        return self._schedule.fleet_next_due(fleet.write, now)
 
-    def _members(self, namespace: str) -> list[Member]:
-        members = []
-        for key, target in self._targets.items():
-            if target.namespace != namespace or target.spec is None:
-                continue
-            state = self._monitor.states.get(_monitor_name(key))
-            members.append(
-                Member(
-                    kind=target.kind,
-                    namespace=target.namespace,
-                    name=target.name,
-                    labels=target.labels,
-                    spec=target.spec,
-                    endpoint=target.endpoint,
-                    phase=state.phase if state is not None else HealthPhase.PENDING,
-                    last_success_at=self._monitor.last_ok_at.get(_monitor_name(key)),
-                )
-            )
-        return members
-
-    def _fleet_ready_event(self, fleet: _Fleet, before: RolloutFleetStatus | None, after: RolloutFleetStatus) -> None:
-        def ready(status: RolloutFleetStatus | None) -> str | None:
-            found = next((c for c in status.conditions if c.type == "Ready"), None) if status else None
-            return found.status if found else None
-
-        if ready(before) != ready(after):
-            self._events.append(
-                _Event(
-                    ref=fleet,
-                    type_="Normal" if ready(after) == "True" else "Warning",
-                    reason="FleetReady" if ready(after) == "True" else "FleetNotReady",
-                    message=f"{after.healthy} shards healthy (revision {after.revision})",
-                )
-            )
-
-    async def _write(self, record: _Record, desired: dict[str, Any], now: float) -> bool:
+    async def _write(self, record: Record, desired: dict[str, Any], now: float) -> bool:
         try:
             outcome = await self._api.patch_status(PLURALS[record.kind], record.namespace, record.name, desired)
         except StatusWriteError as exc:
-            record.retry_delay = min(
-                _MAX_RETRY_SECONDS, max(self._settings.write_retry_seconds, record.retry_delay * 2)
-            )
-            record.retry_at = now + record.retry_delay
+            delay = record.write.failed(now, self._schedule.retry_seconds)
             level = logging.WARNING if exc.transient else logging.ERROR  # ERROR: RBAC or the CRD needs a fix
-            log.log(level, "status write failed, retrying in %.1f s: %s", record.retry_delay, exc)
+            log.log(level, "status write failed, retrying in %.1f s: %s", delay, exc)
             return False
         if outcome is WriteOutcome.GONE:
             log.info("%s %s/%s is gone; forgetting it", record.kind, record.namespace, record.name)
             self.forget(record.kind, record.namespace, record.name)
             return False
-        record.written, record.written_at = _compact(desired), now
-        record.retry_at, record.retry_delay = float("-inf"), 0.0
+        record.write.succeeded(desired, now)
         self.writes[record.kind] += 1
         self._metrics.status_writes_total.labels(record.kind).inc()
         return True
@@ -576,42 +413,8 @@ class FleetEngine:
         while self._events:
             event = self._events.popleft()
             try:
-                await self._api.post_event(event.ref, type_=event.type_, reason=event.reason, message=event.message)
+                await self._api.post_event(
+                    event.ref, type_=event.note.type_, reason=event.note.reason, message=event.note.message
+                )
             except StatusWriteError as exc:  # Events are best effort: the status already says it
-                log.warning("could not post event %s: %s", event.reason, exc)
-
-
-def _expected_model(spec: GenerationShardSpec | EnvironmentServerSpec | None) -> str | None:
-    return spec.model or None if isinstance(spec, GenerationShardSpec) else None
-
-
-_M = TypeVar("_M", ShardStatus, RolloutFleetStatus)
-
-
-def _parse(model: type[_M], status: Mapping[str, Any] | None) -> _M | None:
-    if not status:
-        return None
-    try:
-        return model.model_validate(status)
-    except ValidationError:
-        return None
-
-
-def _restored_state(
-    spec: GenerationShardSpec | EnvironmentServerSpec, persisted: Mapping[str, Any]
-) -> HealthState | None:
-    """The health a target had when its status was last written (None: start Pending)."""
-    parsed = _parse(ShardStatus, persisted)
-    if parsed is None or parsed.phase is HealthPhase.PENDING:
-        return None
-    successes, failures = parsed.consecutive_successes, parsed.consecutive_failures
-    if successes and failures:
-        successes = 0
-    return HealthState.restore(
-        spec.probe,
-        parsed.phase,
-        consecutive_successes=successes,
-        consecutive_failures=failures,
-        draining=spec.drain,
-        last_error=parsed.last_error,
-    )
+                log.warning("could not post event %s: %s", event.note.reason, exc)

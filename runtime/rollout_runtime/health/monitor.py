@@ -3,6 +3,9 @@
 The I/O shell around the pure state machine. The runtime's LocalShardSource and the operator both use it, so a
 shard's phase means the same thing wherever it is computed. Time comes from the event loop (``loop.time()`` and
 ``asyncio.sleep``), so tests can drive it with looptime instead of waiting.
+
+Targets are keyed by any hashable name: the runtime uses shard names, the operator a typed (kind, namespace, name)
+key, so nobody joins a key into a string to split it again.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from types import MappingProxyType
+from typing import Final, Generic, TypeVar
 
 from rollout_runtime.health.hysteresis import HealthState, ProbeResult, ProbeSettings, Transition
 from rollout_runtime.health.probe import Prober
@@ -22,26 +26,29 @@ __all__ = ["CLOCK_SLACK_SECONDS", "HealthMonitor", "ProbeRound", "ProbeTarget", 
 
 log = logging.getLogger(__name__)
 
+NameT = TypeVar("NameT", bound=Hashable)
+"""A target's name: what the monitor keys its states by."""
+
 
 @dataclass(frozen=True)
-class ProbeTarget:
+class ProbeTarget(Generic[NameT]):
     """Something to probe: a generation shard (``expected_model`` set) or an environment server (health only)."""
 
-    name: str
+    name: NameT
     endpoint: str
     settings: ProbeSettings = field(default_factory=ProbeSettings)
     expected_model: str | None = None
 
 
 @dataclass(frozen=True)
-class ProbeRound:
+class ProbeRound(Generic[NameT]):
     """The results of the probes that ran together, and the phase changes they caused (in target order)."""
 
-    results: Mapping[str, ProbeResult]
-    transitions: tuple[tuple[str, Transition], ...] = ()
+    results: Mapping[NameT, ProbeResult]
+    transitions: tuple[tuple[NameT, Transition], ...] = ()
 
 
-TransitionCallback = Callable[[str, Transition, ProbeResult | None], Awaitable[None] | None]
+TransitionCallback = Callable[[NameT, Transition, ProbeResult | None], Awaitable[None] | None]
 """Called as ``callback(name, transition, result)``; ``result`` is None for drain changes. May be async."""
 
 
@@ -50,7 +57,7 @@ CLOCK_SLACK_SECONDS: Final[float] = 1e-6
 resolution wakes at once without time moving, and would spin (looptime makes that easy to hit, real clocks too)."""
 
 
-class HealthMonitor:
+class HealthMonitor(Generic[NameT]):
     """Keeps one HealthState per target and probes each target every ``settings.period_seconds``.
 
     Targets can be replaced at any time (:meth:`set_targets`); a target whose name stays keeps its state (and
@@ -59,10 +66,10 @@ class HealthMonitor:
 
     def __init__(
         self,
-        targets: Iterable[ProbeTarget],
+        targets: Iterable[ProbeTarget[NameT]],
         prober: Prober,
         *,
-        on_transition: TransitionCallback | None = None,
+        on_transition: TransitionCallback[NameT] | None = None,
         max_concurrency: int = 64,
     ) -> None:
         if max_concurrency < 1:
@@ -70,30 +77,36 @@ class HealthMonitor:
         self._prober = prober
         self._on_transition = on_transition
         self._limit = asyncio.Semaphore(max_concurrency)
-        self._targets: dict[str, ProbeTarget] = {}
-        self._states: dict[str, HealthState] = {}
-        self._due: dict[str, float] = {}
-        self._last_ok_at: dict[str, float] = {}
+        self._targets: dict[NameT, ProbeTarget[NameT]] = {}
+        self._states: dict[NameT, HealthState] = {}
+        self._due: dict[NameT, float] = {}
+        self._last_ok_at: dict[NameT, float] = {}
         self._changed = asyncio.Event()
-        self._drain_changes: list[tuple[str, Transition]] = []
+        self._drain_changes: list[tuple[NameT, Transition]] = []
+        # Read-only live views, made once: callers look up one key per member and pass, so a copy per access
+        # would make a pass over N targets cost N copies of N entries. Copy one (``dict(...)``) to keep it.
+        self._targets_view: Mapping[NameT, ProbeTarget[NameT]] = MappingProxyType(self._targets)
+        self._states_view: Mapping[NameT, HealthState] = MappingProxyType(self._states)
+        self._last_ok_at_view: Mapping[NameT, float] = MappingProxyType(self._last_ok_at)
         self.set_targets(targets)
 
     @property
-    def targets(self) -> Mapping[str, ProbeTarget]:
-        return dict(self._targets)
+    def targets(self) -> Mapping[NameT, ProbeTarget[NameT]]:
+        """Name -> target, a live read-only view (it changes with :meth:`set_targets`)."""
+        return self._targets_view
 
     @property
-    def states(self) -> Mapping[str, HealthState]:
-        """Name -> live HealthState (read it, do not feed it: the monitor does)."""
-        return dict(self._states)
+    def states(self) -> Mapping[NameT, HealthState]:
+        """Name -> live HealthState, a live read-only view (read the states, do not feed them: the monitor does)."""
+        return self._states_view
 
     @property
-    def last_ok_at(self) -> Mapping[str, float]:
-        """Name -> wall-clock time of the latest successful probe, for targets that ever answered."""
-        return dict(self._last_ok_at)
+    def last_ok_at(self) -> Mapping[NameT, float]:
+        """Name -> wall-clock time of the latest successful probe, for targets that ever answered (a live view)."""
+        return self._last_ok_at_view
 
     def set_targets(
-        self, targets: Iterable[ProbeTarget], *, initial_states: Mapping[str, HealthState] | None = None
+        self, targets: Iterable[ProbeTarget[NameT]], *, initial_states: Mapping[NameT, HealthState] | None = None
     ) -> None:
         """Replace the targets. Surviving names keep their state; new names start from ``initial_states`` (an
         operator restoring persisted status) or Pending; removed names are forgotten. New names are probed at once.
@@ -117,7 +130,7 @@ class HealthMonitor:
             self._targets[name] = target
         self._changed.set()
 
-    async def set_draining(self, name: str, draining: bool) -> Transition | None:
+    async def set_draining(self, name: NameT, draining: bool) -> Transition | None:
         """Start or stop draining a target; the callback hears about the change."""
         transition = self._states[name].set_draining(draining)
         if transition is not None:
@@ -126,15 +139,15 @@ class HealthMonitor:
         self._changed.set()
         return transition
 
-    async def _probe_one(self, target: ProbeTarget) -> ProbeResult:
+    async def _probe_one(self, target: ProbeTarget[NameT]) -> ProbeResult:
         async with self._limit:
             return await self._prober.probe(target.endpoint, target.settings, expected_model=target.expected_model)
 
-    async def probe_round(self, names: Iterable[str] | None = None) -> ProbeRound:
+    async def probe_round(self, names: Iterable[NameT] | None = None) -> ProbeRound[NameT]:
         """Probe the named targets (all by default) concurrently, once; record and report the outcome."""
         chosen = [self._targets[n] for n in (self._targets if names is None else names) if n in self._targets]
         results = await asyncio.gather(*(self._probe_one(t) for t in chosen))
-        transitions: list[tuple[str, Transition]] = []
+        transitions: list[tuple[NameT, Transition]] = []
         for target, result in zip(chosen, results, strict=True):
             state = self._states.get(target.name)
             if state is None or self._targets.get(target.name) is not target:
@@ -149,7 +162,7 @@ class HealthMonitor:
             results={t.name: r for t, r in zip(chosen, results, strict=True)}, transitions=tuple(transitions)
         )
 
-    async def rounds(self) -> AsyncIterator[ProbeRound]:
+    async def rounds(self) -> AsyncIterator[ProbeRound[NameT]]:
         """Forever: wait until some targets are due, probe them together, yield the round.
 
         Drain changes are yielded at once as a round without results.
@@ -174,7 +187,7 @@ class HealthMonitor:
                 self._due[name] = now + self._targets[name].settings.period_seconds
             yield await self.probe_round(due)
 
-    async def _notify(self, name: str, transition: Transition, result: ProbeResult | None) -> None:
+    async def _notify(self, name: NameT, transition: Transition, result: ProbeResult | None) -> None:
         if self._on_transition is None:
             return
         try:

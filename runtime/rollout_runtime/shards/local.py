@@ -35,7 +35,7 @@ class LocalShardSource:
         *,
         prober: Prober | None = None,
         policy: ProbeTargetPolicy | None = None,
-        on_transition: TransitionCallback | None = None,
+        on_transition: TransitionCallback[str] | None = None,
         max_concurrency: int = 64,
     ) -> None:
         self._shards = tuple(shards)
