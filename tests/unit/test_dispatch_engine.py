@@ -461,6 +461,32 @@ async def test_closing_a_run_early_aborts_the_rest_and_leaves_no_tasks() -> None
     assert value(d, "rollout_in_flight") == 0
 
 
+async def test_in_flight_is_one_count_that_the_runs_the_dispatcher_and_the_gauge_agree_on() -> None:
+    """Each run's ``stats.in_flight`` is the count; the dispatcher's ``in_flight`` and rollout_in_flight sum it."""
+    gate = asyncio.Event()
+    all_started = asyncio.Event()
+    started = 0
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        nonlocal started
+        started += 1
+        if started == 5:
+            all_started.set()
+        await gate.wait()
+        return prompt
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        first, second = d.run(range(2), rollout), d.run(range(3), rollout)
+        consumers = [asyncio.create_task(collect(first)), asyncio.create_task(collect(second))]
+        await all_started.wait()
+        assert (first.stats.in_flight, second.stats.in_flight) == (2, 3)
+        assert d.in_flight == 5 == value(d, "rollout_in_flight")
+        assert sum(d.outstanding().values()) == 5
+        gate.set()
+        await asyncio.gather(*consumers)
+        assert d.in_flight == 0 == value(d, "rollout_in_flight")
+
+
 async def test_leaving_the_dispatcher_stops_unconsumed_runs_and_closes_the_source() -> None:
     source = ControlledSource(make_shards("a"))
 
