@@ -97,7 +97,7 @@ async def test_a_retry_never_goes_back_to_the_shard_that_just_failed_even_when_r
     """Three shards, all already tried by the prompt, and the rotation's next pick is the shard that failed it last:
     only the steering rule keeps the retry off it. (With two shards round-robin alone alternates: it proves nothing.)
 
-    One worker, ejection off (every shard stays routable), 1 s backoff: "p" fails on s1; "q" takes the next pick
+    One worker, ejection off (every shard stays routable), backoff on a timer: "p" fails on s1; "q" takes the next pick
     (s2) while p backs off; p then fails on s0 and s2; the rotation now starts at s2, the shard that just failed.
     """
     log = AttemptLog()
@@ -110,14 +110,7 @@ async def test_a_retry_never_goes_back_to_the_shard_that_just_failed_even_when_r
             raise GenerationUnavailable(f"shard {shard.name}: 503", status=503)
         return shard.name
 
-    policy = DispatchPolicy(
-        max_concurrency=1,
-        max_ejection_percent=0,
-        backoff_initial_seconds=1,
-        backoff_multiplier=1,
-        backoff_max_seconds=1,
-        backoff_jitter=0,
-    )
+    policy = DispatchPolicy(max_concurrency=1, max_ejection_percent=0, backoff_initial_seconds=1, backoff_max_seconds=1)
     async with Dispatcher(StaticShardSource(make_shards("s0", "s1", "s2")), policy) as dispatcher:
         outcomes = await collect(dispatcher.run(["p", "q"], rollout))
     assert all(isinstance(o, Completed) for o in outcomes)
@@ -498,14 +491,12 @@ async def test_closing_a_run_early_aborts_the_rest_and_leaves_no_tasks() -> None
 
 async def test_in_flight_is_one_count_that_the_runs_the_dispatcher_and_the_gauge_agree_on() -> None:
     """Each run's ``stats.in_flight`` is the count; the dispatcher's ``in_flight`` and rollout_in_flight sum it."""
-    gate = asyncio.Event()
-    all_started = asyncio.Event()
-    started = 0
+    gate, all_started = asyncio.Event(), asyncio.Event()
+    running: list[int] = []
 
     async def rollout(shard: Shard, prompt: int) -> int:
-        nonlocal started
-        started += 1
-        if started == 5:
+        running.append(prompt)
+        if len(running) == 5:
             all_started.set()
         await gate.wait()
         return prompt
