@@ -31,6 +31,11 @@ decorator convert a failure into a picklable member of this taxonomy *before* it
 One decision about HTTP statuses exists, :func:`http_status_is_infra`, backed by one table,
 ``_RETRIABLE_HTTP_STATUSES``; the environment side's ``is_retryable_dependency_status`` uses the same
 object, so the generation and environment sides can never drift apart.
+
+One walk reads a failure: the exception, its ``__cause__`` chain and its exception-group members, bounded and
+cycle-safe. :func:`diagnose` returns everything a dispatcher decides from one failed attempt as a
+:class:`Diagnosis` (class, type label, whether it blames the shard, whether it is terminal, the reason);
+:func:`classify_rollout_failure`, :func:`failure_contains` and :func:`describe_failure` are views of the same walk.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import enum
 import functools
 import inspect
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 import aiohttp
@@ -47,6 +53,7 @@ from rollout_runtime.redaction import MAX_MESSAGE_CHARS, safe_message
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
+    "Diagnosis",
     "FailureClass",
     "GenerationUnavailable",
     "GymTransportError",
@@ -60,6 +67,7 @@ __all__ = [
     "RolloutTimeout",
     "classify_rollout_failure",
     "describe_failure",
+    "diagnose",
     "failure_contains",
     "failure_type",
     "http_status_is_infra",
@@ -286,11 +294,16 @@ def _is_infra(exc: BaseException) -> bool:
     return verdict is _TypeVerdict.INFRA
 
 
+def _admit(node: BaseException, seen: set[int]) -> bool:
+    """Whether a walk that has met ``seen`` goes on to ``node``: not met before, and within the node budget."""
+    return id(node) not in seen and len(seen) < _MAX_NODES
+
+
 def _links(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
     """The exception and its explicit ``__cause__`` chain: bounded and cycle-safe."""
     node: BaseException | None = exc
     for _ in range(_MAX_CAUSE_DEPTH + 1):
-        if node is None or id(node) in seen or len(seen) >= _MAX_NODES:
+        if node is None or not _admit(node, seen):
             return
         seen.add(id(node))
         yield node
@@ -298,29 +311,119 @@ def _links(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
         node = cause if isinstance(cause, BaseException) else None
 
 
-def _scan(exc: BaseException, seen: set[int]) -> tuple[bool, bool]:
-    """One pass over the chain (and groups): (an explicit data failure was seen, an infra link was seen)."""
+@dataclass(slots=True)
+class _Trace:
+    """What the walk met and what it concluded; every public reading of a failure is a view of one of these."""
+
+    nodes: list[BaseException] = field(default_factory=list)
+    """Every exception examined, in walk order: chain links and, recursively, group members."""
+    chain: list[BaseException] = field(default_factory=list)
+    """The exception and its cause chain, followed on its own terms: the links a description names."""
+    data: bool = False
+    """An explicit data failure was met (it wins)."""
+    infra: bool = False
+    """The chain rules say infrastructure (a group counts only when every member does)."""
+    broken: bool = False
+    """Something could not be examined (a hostile attribute, a broken ``__mro__``): the class is DATA."""
+
+    @property
+    def failure_class(self) -> FailureClass:
+        return FailureClass.INFRA if self.infra and not self.data and not self.broken else FailureClass.DATA
+
+    def contains(self, types: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+        try:
+            return any(isinstance(node, types) for node in self.nodes)
+        except Exception:
+            return False
+
+
+def _walk(exc: BaseException) -> _Trace:
+    """The one walk over a failure; never raises (what it met before a hostile link stands, the class is DATA).
+
+    The cause chain is followed once. Its text view (``chain``) keeps following a link the group walk has already
+    met as a member, or that lies past the node budget: a description names every cause in the chain.
+    """
+    trace = _Trace()
+    seen: set[int] = set()
+    judging = True
+    try:
+        for link in _links(exc, set()):
+            trace.chain.append(link)
+            judging = judging and _admit(link, seen)
+            if not judging:
+                continue
+            seen.add(id(link))
+            try:
+                trace.infra = _judge(link, seen, trace, infra=trace.infra)
+            except Exception:  # a group member's hostile __cause__: the judging stops, the text goes on
+                trace.broken, judging = True, False
+    except Exception:  # a hostile __cause__ in the chain itself
+        trace.broken = True
+    return trace
+
+
+def _follow(exc: BaseException, seen: set[int], trace: _Trace) -> bool:
+    """Walk a group member's chain into ``trace``; return whether that chain is infrastructure."""
     infra = False
     for link in _links(exc, seen):
-        if isinstance(link, BaseExceptionGroup):
-            members = [_scan(member, seen) for member in link.exceptions]
-            if any(data for data, _ in members):
-                return True, infra
-            infra = infra or (bool(members) and all(member_infra for _, member_infra in members))
-        elif _verdict_of(type(link)) is _TypeVerdict.DATA:
-            return True, infra
+        infra = _judge(link, seen, trace, infra=infra)
+    return infra
+
+
+def _judge(link: BaseException, seen: set[int], trace: _Trace, *, infra: bool) -> bool:
+    """Fold one chain link (and a group's members) into ``trace``; return the chain's infra verdict so far."""
+    trace.nodes.append(link)
+    if isinstance(link, BaseExceptionGroup):
+        members = [_follow(member, seen, trace) for member in link.exceptions]
+        return infra or (bool(members) and all(members))
+    try:
+        if _verdict_of(type(link)) is _TypeVerdict.DATA:
+            trace.data = True
         elif not infra:
-            infra = _is_infra(link)
-    return False, infra
+            return _is_infra(link)
+    except Exception:  # a hostile __getattr__, a broken __mro__: never let classification take the loop down
+        trace.broken = True
+    return infra
 
 
-def _nodes(exc: BaseException, seen: set[int]) -> Iterator[BaseException]:
-    """Every exception classification looks at: the cause chain and, recursively, exception-group members."""
-    for link in _links(exc, seen):
-        yield link
-        if isinstance(link, BaseExceptionGroup):
-            for member in link.exceptions:
-                yield from _nodes(member, seen)
+_SPARE_THE_SHARD: Final[tuple[type[BaseException], ...]] = (GymTransportError, NoHealthyShards)
+"""Infra failures that say nothing about the generation shard: the environment side's, and "no shard at all"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Every verdict on one failed attempt, read in one walk (see :func:`diagnose`).
+
+    A dispatcher acts on these fields and never re-reads the exception: a new per-attempt verdict belongs here,
+    computed from the walk, so that every consumer sees the same answer.
+    """
+
+    failure_class: FailureClass
+    failure_type: str
+    """The class name to report (the original one for a converted failure): the ``failure_type`` label."""
+    blames_shard: bool
+    """INFRA, and nothing in it puts the fault elsewhere (:class:`GymTransportError`, :class:`NoHealthyShards`)."""
+    terminal: bool
+    """A :class:`RolloutTerminalDataFailure` is in it: do not retry, not even once."""
+    reason: str
+    """The message with the causes that explain it (vLLM's 400 body lands here), redacted and bounded."""
+
+
+def diagnose(exc: BaseException) -> Diagnosis:
+    """Read a failed attempt once: its class, type label, whether it blames the shard, terminal, and reason.
+
+    The class follows :func:`classify_rollout_failure`'s rules; ``terminal`` and ``blames_shard`` look at the same
+    exceptions as :func:`failure_contains`; ``reason`` is :func:`describe_failure`, redacted and bounded.
+    """
+    trace = _walk(exc)
+    failure_class = trace.failure_class
+    return Diagnosis(
+        failure_class=failure_class,
+        failure_type=failure_type(exc),
+        blames_shard=failure_class is FailureClass.INFRA and not trace.contains(_SPARE_THE_SHARD),
+        terminal=trace.contains(RolloutTerminalDataFailure),
+        reason=safe_message(_describe(exc, trace.chain, name_head=True)),
+    )
 
 
 def failure_contains(exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
@@ -329,10 +432,7 @@ def failure_contains(exc: BaseException, types: type[BaseException] | tuple[type
     For decisions beside the class, e.g. "a terminal data failure is in there: do not retry" or "the environment
     failed, not the generation shard: do not eject it". Never raises.
     """
-    try:
-        return any(isinstance(node, types) for node in _nodes(exc, set()))
-    except Exception:
-        return False
+    return _walk(exc).contains(types)
 
 
 def classify_rollout_failure(exc: BaseException) -> FailureClass:
@@ -349,11 +449,7 @@ def classify_rollout_failure(exc: BaseException) -> FailureClass:
        bugs must be loud. An empty group is DATA.
     4. Anything else is DATA.
     """
-    try:
-        data, infra = _scan(exc, set())
-        return FailureClass.INFRA if infra and not data else FailureClass.DATA
-    except Exception:  # a hostile __getattr__, a broken __mro__: never let classification take the loop down
-        return FailureClass.DATA
+    return _walk(exc).failure_class
 
 
 def failure_type(exc: BaseException) -> str:
@@ -384,8 +480,12 @@ def describe_failure(exc: BaseException, *, name_head: bool = True) -> str:
 
     Unbounded and unredacted: callers bound it, and redact it where it leaves the process.
     """
+    return _describe(exc, _walk(exc).chain, name_head=name_head)
+
+
+def _describe(exc: BaseException, chain: list[BaseException], *, name_head: bool) -> str:
     parts: list[str] = []
-    for link in _links(exc, set()):
+    for link in chain:
         text = _safe_str(link)
         named = name_head or link is not exc
         parts.append(f"{failure_type(link)}: {text}" if named and text else text if text else failure_type(link))
@@ -404,22 +504,22 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
     if _is_ours(exc) and exc.__cause__ is None and len(_safe_str(exc)) <= MAX_MESSAGE_CHARS:
         return exc  # already a plain, picklable taxonomy member: converting again would only re-wrap its text
     try:
-        status = next((s for s in (_http_status(link) for link in _links(exc, set())) if s is not None), None)
+        trace = _walk(exc)
+        status = next((s for s in map(_http_status, trace.chain) if s is not None), None)
         original = getattr(exc, "original_type", None) if isinstance(exc, RolloutFailure) else None
         original_type = original if isinstance(original, str) else f"{type(exc).__module__}.{type(exc).__qualname__}"
-        message = safe_message(describe_failure(exc, name_head=not _is_ours(exc)))  # our own class already names itself
-        target = _converted_type(exc, classify_rollout_failure(exc))
+        message = safe_message(_describe(exc, trace.chain, name_head=not _is_ours(exc)))  # ours names itself
+        target = _converted_type(exc, trace)
         return target(message, status=status, original_type=original_type)
     except Exception:
         return RolloutDataFailure(f"unconvertible {type(exc).__name__}", original_type=type(exc).__name__)
 
 
-def _converted_type(exc: BaseException, failure_class: FailureClass) -> type[RolloutFailure]:
-    if failure_class is FailureClass.DATA:
+def _converted_type(exc: BaseException, trace: _Trace) -> type[RolloutFailure]:
+    if trace.failure_class is FailureClass.DATA:
         # Data wins anywhere in the chain; keep the most specific data class we can see.
-        for link in _links(exc, set()):
-            if isinstance(link, RolloutTerminalDataFailure):
-                return RolloutTerminalDataFailure
+        if any(isinstance(link, RolloutTerminalDataFailure) for link in trace.chain):
+            return RolloutTerminalDataFailure
         return RolloutDataFailure
     if isinstance(exc, RolloutInfraFailure):
         return type(exc) if type(exc).__module__ == __name__ else RolloutInfraFailure

@@ -9,6 +9,7 @@ the exposition happens at scrape time, in a custom collector (prometheus-client'
 that lives elsewhere). With ``Counter``/``Histogram`` objects each attempt paid four locked increments, which
 was a third of the dispatcher's whole per-attempt cost (see bench/dispatch_overhead.py). Updates come from one
 event loop thread; a scrape from another thread reads a consistent-enough view (each value is read atomically).
+``rollout_in_flight`` is not kept here at all: it is read from the dispatchers' own counts (:meth:`count_in_flight`).
 
 Metrics live on a registry the caller passes; the default is a fresh :class:`CollectorRegistry`, so two
 dispatchers in one process (tests, a trainer that rebuilds its loop) never collide on the global one. Pass
@@ -18,7 +19,7 @@ dispatchers in one process (tests, a trainer that rebuilds its loop) never colli
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -97,10 +98,23 @@ class RolloutMetrics:
         self.ejections: dict[str, int] = {}
         self.redispatches = 0
         self.exhausted = 0
-        self.in_flight = 0
         self.healthy_shards = 0
         self.last_commit_timestamp: float | None = None
+        self._in_flight_sources: list[Callable[[], int]] = []
         self.registry.register(_RolloutCollector(self))
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts running now: the sum of the counts registered with :meth:`count_in_flight`."""
+        return sum(source() for source in tuple(self._in_flight_sources))
+
+    def count_in_flight(self, source: Callable[[], int]) -> Callable[[], None]:
+        """Expose ``source()`` (a dispatcher's attempts in flight) in ``rollout_in_flight``; returns the undo.
+
+        Read at scrape time, so the dispatcher keeps the only count and the gauge cannot drift from it.
+        """
+        self._in_flight_sources.append(source)
+        return lambda: self._in_flight_sources.remove(source)
 
     def attempt(self, outcome: str, seconds: float | None = None) -> None:
         """An attempt ended; ``seconds`` is None when it never reached a shard (no duration to observe)."""

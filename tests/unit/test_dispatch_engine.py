@@ -92,6 +92,34 @@ async def test_infra_failure_redispatches_to_another_shard_and_ejects_the_failin
     assert value(dispatcher, "rollout_redispatches_total") == run.stats.redispatches == failures
 
 
+@pytest.mark.looptime
+async def test_a_retry_never_goes_back_to_the_shard_that_just_failed_even_when_round_robin_points_at_it() -> None:
+    """Three shards, all already tried by the prompt, and the rotation's next pick is the shard that failed it last:
+    only the steering rule keeps the retry off it. (With two shards round-robin alone alternates: it proves nothing.)
+
+    One worker, ejection off (every shard stays routable), backoff on a timer: "p" fails on s1; "q" takes the next pick
+    (s2) while p backs off; p then fails on s0 and s2; the rotation now starts at s2, the shard that just failed.
+    """
+    log = AttemptLog()
+    failures_left = {"p": 3}
+
+    async def rollout(shard: Shard, prompt: str) -> str:
+        log.calls.append((prompt, shard.name))
+        if failures_left.get(prompt, 0):
+            failures_left[prompt] -= 1
+            raise GenerationUnavailable(f"shard {shard.name}: 503", status=503)
+        return shard.name
+
+    policy = DispatchPolicy(max_concurrency=1, max_ejection_percent=0, backoff_initial_seconds=1, backoff_max_seconds=1)
+    async with Dispatcher(StaticShardSource(make_shards("s0", "s1", "s2")), policy) as dispatcher:
+        outcomes = await collect(dispatcher.run(["p", "q"], rollout))
+    assert all(isinstance(o, Completed) for o in outcomes)
+    attempts = log.shards_for("p")
+    assert len(attempts) == 4
+    assert set(attempts[:3]) == {"s0", "s1", "s2"}, "the case needs every shard tried before the last retry"
+    assert all(a != b for a, b in itertools.pairwise(attempts)), f"a retry went back to its failed shard: {attempts}"
+
+
 async def test_data_failure_is_retried_once_elsewhere_then_reported_with_reason_and_ledgered(tmp_path: Path) -> None:
     log = AttemptLog()
     ledger = tmp_path / "ledger" / "failures.jsonl"
@@ -459,6 +487,30 @@ async def test_closing_a_run_early_aborts_the_rest_and_leaves_no_tasks() -> None
         assert d.in_flight == 0
     assert asyncio.all_tasks() == before
     assert value(d, "rollout_in_flight") == 0
+
+
+async def test_in_flight_is_one_count_that_the_runs_the_dispatcher_and_the_gauge_agree_on() -> None:
+    """Each run's ``stats.in_flight`` is the count; the dispatcher's ``in_flight`` and rollout_in_flight sum it."""
+    gate, all_started = asyncio.Event(), asyncio.Event()
+    running: list[int] = []
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        running.append(prompt)
+        if len(running) == 5:
+            all_started.set()
+        await gate.wait()
+        return prompt
+
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
+        first, second = d.run(range(2), rollout), d.run(range(3), rollout)
+        consumers = [asyncio.create_task(collect(first)), asyncio.create_task(collect(second))]
+        await all_started.wait()
+        assert (first.stats.in_flight, second.stats.in_flight) == (2, 3)
+        assert d.in_flight == 5 == value(d, "rollout_in_flight")
+        assert sum(d.outstanding().values()) == 5
+        gate.set()
+        await asyncio.gather(*consumers)
+        assert d.in_flight == 0 == value(d, "rollout_in_flight")
 
 
 async def test_leaving_the_dispatcher_stops_unconsumed_runs_and_closes_the_source() -> None:

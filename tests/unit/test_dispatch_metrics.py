@@ -61,6 +61,19 @@ def test_bounded_series_exist_at_zero_before_any_event() -> None:
         assert metrics.registry.get_sample_value("rollout_prompts_total", {"result": result}) == 0
 
 
+def test_in_flight_is_read_from_the_registered_counts_until_each_is_withdrawn() -> None:
+    """rollout_in_flight keeps no count of its own: it sums the dispatchers' counts at scrape time."""
+    metrics = RolloutMetrics()
+    counts = {"first": 2, "second": 3}
+    withdraw_first = metrics.count_in_flight(lambda: counts["first"])
+    metrics.count_in_flight(lambda: counts["second"])
+    assert metrics.value("rollout_in_flight") == 5
+    counts["second"] = 1
+    assert metrics.value("rollout_in_flight") == 3
+    withdraw_first()
+    assert metrics.value("rollout_in_flight") == 1
+
+
 async def test_serve_metrics_exposes_the_registry_over_http() -> None:
     metrics = RolloutMetrics()
     metrics.prompts["completed"] += 3

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from rollout_runtime import failures
 from rollout_runtime.failures import (
+    Diagnosis,
     FailureClass,
     GenerationUnavailable,
     GymTransportError,
@@ -25,11 +26,15 @@ from rollout_runtime.failures import (
     RolloutTerminalDataFailure,
     RolloutTimeout,
     classify_rollout_failure,
+    describe_failure,
+    diagnose,
+    failure_contains,
     failure_type,
     http_status_is_infra,
     picklable_failures,
     to_picklable_failure,
 )
+from rollout_runtime.redaction import safe_message
 
 INFRA, DATA = FailureClass.INFRA, FailureClass.DATA
 
@@ -447,3 +452,68 @@ def test_failure_contains_walks_causes_and_groups_within_bounds() -> None:
     deep = chain(*[RuntimeError(str(i)) for i in range(failures._MAX_CAUSE_DEPTH + 1)], GymTransportError())
     assert not failure_contains(deep, GymTransportError)
     assert not failure_contains(Hostile(), ValueError)
+
+
+# --- diagnosis: every per-attempt verdict from one walk ------------------------------------------------------------
+
+
+def test_diagnosis_of_an_upstream_5xx_blames_the_shard_and_names_the_cause() -> None:
+    failure = chain(RuntimeError("turn 3 failed"), response_error(503, "Service Unavailable"))
+    assert diagnose(failure) == Diagnosis(
+        failure_class=INFRA,
+        failure_type="RuntimeError",
+        blames_shard=True,
+        terminal=False,
+        reason="RuntimeError: turn 3 failed <- ClientResponseError: HTTP 503: Service Unavailable",
+    )
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ExceptionGroup("episode", [GymTransportError("environment server reset the connection")]),
+        chain(RuntimeError("wrap"), NoHealthyShards("no routable shard within 30s")),
+    ],
+    ids=["environment-side", "no-shard"],
+)
+def test_infra_failures_elsewhere_do_not_blame_the_generation_shard(exc: BaseException) -> None:
+    diagnosis = diagnose(exc)
+    assert diagnosis.failure_class is INFRA
+    assert not diagnosis.blames_shard
+
+
+def test_a_terminal_data_failure_in_a_group_is_terminal_data_and_blames_nobody() -> None:
+    diagnosis = diagnose(chain(RuntimeError("episode"), ExceptionGroup("g", [RolloutTerminalDataFailure("no")])))
+    assert (diagnosis.failure_class, diagnosis.terminal, diagnosis.blames_shard) == (DATA, True, False)
+
+
+def test_diagnosis_reports_the_original_type_and_a_redacted_bounded_reason() -> None:
+    converted = RolloutDataFailure("x" * 5000 + " api_key=hunter22", original_type="openai.BadRequestError")
+    diagnosis = diagnose(converted)
+    assert diagnosis.failure_type == "BadRequestError"
+    assert len(diagnosis.reason) == failures.MAX_MESSAGE_CHARS
+    leaked = diagnose(GenerationUnavailable("refused Authorization: Bearer abcdefghijkl"))
+    assert "abcdefghijkl" not in leaked.reason
+
+
+def test_a_cause_that_is_also_a_group_member_is_judged_once_and_still_named() -> None:
+    """The group walk has met ``member`` already, so the chain's second sight of it cannot make the group INFRA;
+    the description still names every cause in the chain."""
+    member = TimeoutError("slow")
+    group = ExceptionGroup("g", [member, KeyError("bug")])
+    group.__cause__ = member
+    diagnosis = diagnose(group)
+    assert diagnosis.failure_class is DATA
+    assert diagnosis.reason == "ExceptionGroup: g (2 sub-exceptions) <- TimeoutError: slow"
+
+
+@given(exceptions())
+def test_diagnosis_agrees_with_the_single_purpose_helpers(exc: BaseException) -> None:
+    """``diagnose`` and the public helpers are views of one walk: for any exception graph they give one answer."""
+    diagnosis = diagnose(exc)
+    assert diagnosis.failure_class is classify_rollout_failure(exc)
+    assert diagnosis.failure_type == failure_type(exc)
+    assert diagnosis.terminal is failure_contains(exc, RolloutTerminalDataFailure)
+    elsewhere = failure_contains(exc, (GymTransportError, NoHealthyShards))
+    assert diagnosis.blames_shard is (diagnosis.failure_class is INFRA and not elsewhere)
+    assert diagnosis.reason == safe_message(describe_failure(exc))

@@ -1,11 +1,18 @@
 """The dispatcher: keeps rollouts flowing across a changing fleet and accounts for every prompt exactly once.
 
 The loop, per prompt: pick a routable shard (healthy set minus ejected, weighted least outstanding, never
-the shard that just failed it) -> run ``rollout(shard, prompt)`` -> on success commit; on failure classify
-(:func:`classify_rollout_failure`) and let the budgets decide: retry (infra: after backoff, elsewhere; data:
-at once, elsewhere), data-failed (reported, written to the ledger), or exhausted (skipped, or the run raises
-:class:`RolloutRedispatchExhausted`). Workers (``max_concurrency`` of them) pull prompts from a ready queue;
-prompts waiting out a backoff sit on a timer, not on a worker.
+the shard that just failed it) -> run ``rollout(shard, prompt)`` -> on success commit; on failure read it once
+(:func:`diagnose`: class, type, whether it blames the shard, whether it is terminal, reason) and let the budgets
+decide: retry (infra: after backoff, elsewhere; data: at once, elsewhere), data-failed (reported, written to the
+ledger), or exhausted (skipped, or the run raises :class:`RolloutRedispatchExhausted`). Workers
+(``max_concurrency`` of them) pull prompts from a ready queue; prompts waiting out a backoff sit on a timer, not
+on a worker.
+
+Who does what: :class:`Dispatcher` owns the fleet view (slots, selection, ejection, the source) and runs attempts;
+:class:`DispatchRun` owns a run's lifecycle (start, workers, watchdog, timers, outcomes, failing, closing);
+``_Accounts`` is the one place an outcome is counted, into the run's :class:`RunStats`, the ``rollout_*`` metrics,
+the observer and the ledger together. The run's ``stats.in_flight`` is the one in-flight count; the dispatcher's
+``in_flight`` and the ``rollout_in_flight`` gauge are sums of it.
 
 Health: the dispatcher follows its :class:`ShardSource`. When a shard leaves the healthy set, attempts in
 flight on it are cancelled at once and redispatched, so a hung shard costs the probe detection time, not the
@@ -35,7 +42,7 @@ from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch.budget import DataFailedDecision, ExhaustedDecision, PromptBudget, decide
 from rollout_runtime.dispatch.clock import Clock, LoopClock
-from rollout_runtime.dispatch.ejection import EjectionTracker
+from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
 from rollout_runtime.dispatch.outcomes import (
     AttemptEnded,
@@ -55,20 +62,15 @@ from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
 from rollout_runtime.failures import (
+    Diagnosis,
     FailureClass,
-    GymTransportError,
     NoHealthyShards,
     RolloutRedispatchExhausted,
     RolloutStall,
-    RolloutTerminalDataFailure,
     RolloutTimeout,
-    classify_rollout_failure,
-    describe_failure,
-    failure_contains,
-    failure_type,
+    diagnose,
 )
 from rollout_runtime.metrics import RolloutMetrics
-from rollout_runtime.redaction import safe_message
 from rollout_runtime.shards.model import HealthySet, Shard, ShardSource
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
@@ -144,13 +146,142 @@ class _RunFailed:
     error: BaseException
 
 
-def _is_terminal(exc: BaseException) -> bool:
-    return failure_contains(exc, RolloutTerminalDataFailure)
+AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled"]
 
 
-def _blames_shard(exc: BaseException) -> bool:
-    """Whether an infra failure says the *generation shard* is sick (the environment side's do not)."""
-    return not failure_contains(exc, (GymTransportError, NoHealthyShards))
+class _Accounts:
+    """The one accounting path of a run: each outcome goes to its stats, the metrics, the observer and the ledger here.
+
+    No outcome path updates those by hand, so they cannot disagree. ``stats.in_flight`` is the only count of
+    attempts in flight: the dispatcher's and the ``rollout_in_flight`` gauge are sums of it.
+    """
+
+    __slots__ = ("_clock", "_emit", "_ledger", "_metrics", "stats", "watchdog")
+
+    def __init__(
+        self,
+        stats: RunStats,
+        metrics: RolloutMetrics,
+        clock: Clock,
+        emit: Callable[[DispatchEvent], None] | None,
+        ledger: FailureLedger | None,
+    ) -> None:
+        self.stats = stats
+        self.watchdog: StallWatchdog | None = None
+        self._metrics = metrics
+        self._clock = clock
+        self._emit = emit
+        self._ledger = ledger
+
+    def run_started(self) -> None:
+        if self._metrics.last_commit_timestamp is None:
+            # Progress is measured from the first run's start, so a run that never commits still shows as a stall.
+            self._metrics.last_commit_timestamp = self._clock.wall()
+
+    def attempt_started(self) -> None:
+        self.stats.in_flight += 1
+
+    def attempt_stopped(self) -> None:
+        """The attempt no longer runs; how it ended is recorded apart, and only while the run still wants it."""
+        self.stats.in_flight -= 1
+
+    def attempt_ended(
+        self,
+        outcome: AttemptOutcome,
+        prompt_id: PromptId,
+        shard: str | None,
+        seconds: float | None,
+        diagnosis: Diagnosis | None = None,
+    ) -> None:
+        """An attempt ended; ``seconds`` is None when it never reached a shard (no duration to observe)."""
+        self._count_attempt(outcome, seconds)
+        if diagnosis is not None:
+            self._metrics.failure(diagnosis.failure_class.value, diagnosis.failure_type)
+        if self._emit is not None:
+            kind = diagnosis.failure_type if diagnosis is not None else None
+            self._emit(AttemptEnded(prompt_id, shard, outcome, kind, seconds or 0.0))
+
+    def attempt_abandoned(self) -> None:
+        """An attempt cut off by its own run's end: counted as cancelled, with no duration and no event."""
+        self._count_attempt("cancelled", None)
+
+    def _count_attempt(self, outcome: AttemptOutcome, seconds: float | None) -> None:
+        stats = self.stats
+        if outcome == "success":
+            stats.successes += 1
+        elif outcome == "infra_failure":
+            stats.infra_failures += 1
+        elif outcome == "data_failure":
+            stats.data_failures += 1
+        else:
+            stats.cancelled += 1
+        self._metrics.attempt(outcome, seconds)
+
+    def prompt_ended(self, outcome: Outcome[Any, Any]) -> None:
+        """A prompt has its outcome; one that completed or data-failed is progress (for the stall watchdog and
+        ``rollout_last_commit_timestamp_seconds``)."""
+        stats, metrics = self.stats, self._metrics
+        if isinstance(outcome, Completed):
+            stats.completed += 1
+            metrics.prompts["completed"] += 1
+        elif isinstance(outcome, DataFailed):
+            self._report(outcome)
+            stats.data_failed += 1
+            metrics.prompts["data_failed"] += 1
+        else:
+            self._report(outcome)
+            stats.skipped += 1
+            metrics.prompts["skipped"] += 1
+            return
+        metrics.last_commit_timestamp = self._clock.wall()
+        if self.watchdog is not None:
+            self.watchdog.committed(self._clock.monotonic())
+
+    def _report(self, outcome: DataFailed[Any] | Skipped[Any]) -> None:
+        """Log and ledger a prompt that ended without a result, before it is counted: a ledger that cannot be
+        written ends the run with this prompt aborted, not both aborted and counted."""
+        result: Literal["data_failed", "skipped"]
+        if isinstance(outcome, DataFailed):
+            result, verb, cls = "data_failed", "data-failed", outcome.failure_class
+        else:
+            result, verb, cls = "skipped", "skipped", FailureClass.INFRA
+        log.warning("prompt %s %s after %d attempt(s): %s", outcome.prompt_id, verb, outcome.attempts, outcome.reason)
+        if self._ledger is None:
+            return
+        self._ledger.write(
+            LedgerEntry(
+                prompt_id=outcome.prompt_id,
+                result=result,
+                failure_class=cls.value,
+                failure_type=outcome.failure_type,
+                reason=outcome.reason,
+                attempts=outcome.attempts,
+                shards=outcome.shards,
+                time=self._clock.wall(),
+                prompt_preview=preview(outcome.prompt),
+            )
+        )
+
+    def redispatched(self) -> None:
+        self.stats.redispatches += 1
+        self._metrics.redispatches += 1
+
+    def exhausted(self) -> None:
+        """A prompt used up its infra budget (it is then skipped, or the run ends)."""
+        self.stats.exhausted += 1
+        self._metrics.exhausted += 1
+
+    def ejected(self, shard: str, ejection: Ejection) -> None:
+        self.stats.ejections += 1
+        self._metrics.ejection(shard)
+        if self._emit is not None:
+            self._emit(ShardEjected(shard, ejection.seconds, ejection.count))
+
+    def stalled(self, verdict: StallVerdict) -> None:
+        self.stats.stalls += 1
+        self._metrics.stalls[verdict.action] += 1
+        if self._emit is not None:
+            self._emit(StallDetected(verdict.action, verdict.idle_seconds, verdict.unfinished))
 
 
 class DispatchRun(Generic[P, R]):
@@ -159,6 +290,10 @@ class DispatchRun(Generic[P, R]):
     Iterate it (``async for outcome in run``); it ends when every prompt has an outcome, or raises the
     run-terminal error. ``stats`` is live. Use ``async with`` (or ``aclose()``) to stop a run early;
     otherwise leaving the dispatcher stops it.
+
+    The run owns its lifecycle: it starts its workers and watchdog when first iterated, hands each prompt's outcome
+    out once, ends or fails, and on close cancels and awaits everything it started. The dispatcher owns the fleet
+    and runs the attempts.
     """
 
     def __init__(self, dispatcher: Dispatcher, states: list[_PromptState], rollout: Rollout[P, R]) -> None:
@@ -166,11 +301,12 @@ class DispatchRun(Generic[P, R]):
         self.states = states
         self.rollout = rollout
         self.stats = RunStats(submitted=len(states))
+        observer = dispatcher._emit if dispatcher._observer is not None else None
+        self.accounts = _Accounts(self.stats, dispatcher.metrics, dispatcher.clock, observer, dispatcher._ledger)
         self.ready: asyncio.Queue[_PromptState | None] = _ReadyQueue()
         self.outcomes: asyncio.Queue[Outcome[P, R] | _End | _RunFailed] = asyncio.Queue()
         self.workers: list[asyncio.Task[None]] = []
         self.watchdog_task: asyncio.Task[None] | None = None
-        self.watchdog: StallWatchdog | None = None
         self.timers: set[asyncio.TimerHandle] = set()
         self.error: BaseException | None = None
         self.started = False
@@ -192,7 +328,7 @@ class DispatchRun(Generic[P, R]):
         if self._delivered:
             raise StopAsyncIteration
         if not self.started:
-            self._dispatcher._start_run(self)
+            self._start()
         item = await self.outcomes.get()
         if isinstance(item, _End):
             self._delivered = True
@@ -210,9 +346,101 @@ class DispatchRun(Generic[P, R]):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.started = True
+        if not self.states:
+            self.outcomes.put_nowait(_END)
+            return
+        for state in self.states:
+            self.ready.put_nowait(state)
+        self.accounts.run_started()
+        dispatcher, policy = self._dispatcher, self._dispatcher.policy
+        workers = len(self.states)
+        if policy.max_concurrency is not None:
+            workers = min(workers, policy.max_concurrency)
+        self.workers = [
+            asyncio.create_task(dispatcher._worker(self), name=f"rollout-dispatch-worker-{i}") for i in range(workers)
+        ]
+        clock = dispatcher._now
+        watchdog = StallWatchdog(policy.stall_deadline_seconds, policy.stall_action, now=clock())
+        self.accounts.watchdog = watchdog
+        self.watchdog_task = asyncio.create_task(
+            watch(
+                watchdog,
+                check_seconds=policy.stall_check_seconds,
+                clock=clock,
+                unfinished=lambda: self.stats.unfinished,
+                on_stall=self._stalled,
+            ),
+            name="rollout-dispatch-watchdog",
+        )
+
+    def finish(self, state: _PromptState, outcome: Outcome[P, R]) -> None:
+        """Hand out the prompt's one outcome (counted first); after the last one, end the run."""
+        self.accounts.prompt_ended(outcome)
+        state.done = True
+        self.outcomes.put_nowait(outcome)
+        if self.stats.unfinished == 0:
+            self.outcomes.put_nowait(_END)
+            for _ in self.workers:
+                self.ready.put_nowait(None)
+
+    def requeue(self, state: _PromptState, delay: float) -> None:
+        """Send the prompt back for another attempt, after ``delay`` seconds on a loop timer (not on a worker)."""
+        self.accounts.redispatched()
+        if delay <= 0:
+            self.ready.put_nowait(state)
+            return
+
+        def ready_again() -> None:
+            self.timers.discard(handle)
+            if self.active:
+                self.ready.put_nowait(state)
+
+        handle = self._dispatcher._loop.call_later(delay, ready_again)
+        self.timers.add(handle)
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error``: outcomes already queued are still delivered, then it raises."""
+        if not self.active:
+            return
+        self.error = error
+        self.stats.aborted += self.stats.unfinished
+        self.outcomes.put_nowait(_RunFailed(error))
+        self._stop_tasks()
+
     async def aclose(self) -> None:
         """Stop the run: cancel and await its workers, watchdog and timers; unfinished prompts count aborted."""
-        await self._dispatcher._close_run(self)
+        if self.closed:
+            return
+        self.closed = True
+        unfinished = self.stats.unfinished
+        self.stats.aborted += unfinished
+        if self.error is None and unfinished:
+            # Wake a consumer still iterating (the dispatcher is closing under it): never a silent, short end.
+            self.outcomes.put_nowait(_RunFailed(RuntimeError(f"run closed with {unfinished} unfinished prompt(s)")))
+        stopped = self._stop_tasks()
+        await asyncio.gather(*stopped, return_exceptions=True)
+        self._dispatcher._runs.discard(self)
+
+    def _stop_tasks(self) -> list[asyncio.Task[None]]:
+        """Cancel the timers and every task of this run but the calling one; return the tasks cancelled."""
+        for handle in self.timers:
+            handle.cancel()
+        self.timers.clear()
+        current = asyncio.current_task()
+        tasks = [t for t in (*self.workers, self.watchdog_task) if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    def _stalled(self, verdict: StallVerdict) -> None:
+        self.accounts.stalled(verdict)
+        log.warning("%s", verdict.message())
+        if verdict.action == "abort":
+            self.fail(RolloutStall(verdict.message()))
 
 
 class Dispatcher:
@@ -264,7 +492,7 @@ class Dispatcher:
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._entered = False
         self._loop: asyncio.AbstractEventLoop
-        self._in_flight = 0
+        self._stop_counting: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -276,6 +504,7 @@ class Dispatcher:
         if self._clock is None:
             self._clock = LoopClock(self._loop)
         self._follower = asyncio.create_task(self._follow(), name="rollout-dispatch-follow-shards")
+        self._stop_counting = self.metrics.count_in_flight(lambda: self.in_flight)
         return self
 
     async def __aexit__(
@@ -286,7 +515,7 @@ class Dispatcher:
     async def aclose(self) -> None:
         """Stop every run, the shard-source follower and timers; close the ledger."""
         for run in list(self._runs):
-            await self._close_run(run)
+            await run.aclose()
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
@@ -297,6 +526,9 @@ class Dispatcher:
             self._follower = None
         if self._ledger is not None:
             self._ledger.close()
+        if self._stop_counting is not None:
+            self._stop_counting()
+            self._stop_counting = None
 
     # -- public view ----------------------------------------------------------------------------------------
 
@@ -316,7 +548,8 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        """Attempts running now, over every run (each run's ``stats.in_flight`` is the count; this is its sum)."""
+        return sum(run.stats.in_flight for run in tuple(self._runs))
 
     def outstanding(self) -> dict[str, int]:
         """Attempts in flight per healthy shard."""
@@ -343,106 +576,6 @@ class Dispatcher:
         self._runs.add(run)
         return run
 
-    # -- runs -----------------------------------------------------------------------------------------------
-
-    def _start_run(self, run: DispatchRun[Any, Any]) -> None:
-        run.started = True
-        if not run.states:
-            run.outcomes.put_nowait(_END)
-            return
-        for state in run.states:
-            run.ready.put_nowait(state)
-        if self.metrics.last_commit_timestamp is None:
-            # Progress is measured from the first run's start, so a run that never commits still shows as a stall.
-            self.metrics.last_commit_timestamp = self.clock.wall()
-        workers = len(run.states)
-        if self.policy.max_concurrency is not None:
-            workers = min(workers, self.policy.max_concurrency)
-        run.workers = [
-            asyncio.create_task(self._worker(run), name=f"rollout-dispatch-worker-{i}") for i in range(workers)
-        ]
-        clock = self._now
-        run.watchdog = StallWatchdog(self.policy.stall_deadline_seconds, self.policy.stall_action, now=clock())
-        run.watchdog_task = asyncio.create_task(
-            watch(
-                run.watchdog,
-                check_seconds=self.policy.stall_check_seconds,
-                clock=clock,
-                unfinished=lambda: run.stats.unfinished,
-                on_stall=lambda verdict: self._stalled(run, verdict),
-            ),
-            name="rollout-dispatch-watchdog",
-        )
-
-    async def _close_run(self, run: DispatchRun[Any, Any]) -> None:
-        if run.closed:
-            return
-        run.closed = True
-        self._runs.discard(run)
-        unfinished = run.stats.unfinished
-        run.stats.aborted += unfinished
-        if run.error is None and unfinished:
-            # Wake a consumer still iterating (the dispatcher is closing under it): never a silent, short end.
-            run.outcomes.put_nowait(_RunFailed(RuntimeError(f"run closed with {unfinished} unfinished prompt(s)")))
-        for handle in run.timers:
-            handle.cancel()
-        run.timers.clear()
-        tasks = [t for t in (*run.workers, run.watchdog_task) if t is not None]
-        current = asyncio.current_task()
-        for task in tasks:
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
-
-    def _fail_run(self, run: DispatchRun[Any, Any], error: BaseException) -> None:
-        """End the run with ``error``: outcomes already queued are still delivered, then it raises."""
-        if not run.active:
-            return
-        run.error = error
-        run.stats.aborted += run.stats.unfinished
-        run.outcomes.put_nowait(_RunFailed(error))
-        for handle in run.timers:
-            handle.cancel()
-        run.timers.clear()
-        current = asyncio.current_task()
-        for task in (*run.workers, run.watchdog_task):
-            if task is not None and task is not current:
-                task.cancel()
-
-    def _finish(self, run: DispatchRun[Any, Any], state: _PromptState, outcome: Outcome[Any, Any]) -> None:
-        state.done = True
-        run.outcomes.put_nowait(outcome)
-        if run.stats.unfinished == 0:
-            run.outcomes.put_nowait(_END)
-            for _ in run.workers:
-                run.ready.put_nowait(None)
-
-    def _commit(self) -> None:
-        self.metrics.last_commit_timestamp = self.clock.wall()
-
-    def _requeue(self, run: DispatchRun[Any, Any], state: _PromptState, delay: float) -> None:
-        run.stats.redispatches += 1
-        self.metrics.redispatches += 1
-        if delay <= 0:
-            run.ready.put_nowait(state)
-            return
-
-        def ready_again() -> None:
-            run.timers.discard(handle)
-            if run.active:
-                run.ready.put_nowait(state)
-
-        handle = self._loop.call_later(delay, ready_again)
-        run.timers.add(handle)
-
-    def _stalled(self, run: DispatchRun[Any, Any], verdict: StallVerdict) -> None:
-        run.stats.stalls += 1
-        self.metrics.stalls[verdict.action] += 1
-        self._emit(StallDetected(verdict.action, verdict.idle_seconds, verdict.unfinished))
-        log.warning("%s", verdict.message())
-        if verdict.action == "abort":
-            self._fail_run(run, RolloutStall(verdict.message()))
-
     # -- the attempt loop -----------------------------------------------------------------------------------
 
     @property
@@ -462,10 +595,10 @@ class Dispatcher:
                     return
                 await self._attempt(run, state)
         except (RolloutRedispatchExhausted, RolloutStall) as exc:  # raised by the rollout itself: run-terminal
-            self._fail_run(run, exc)
+            run.fail(exc)
         except Exception as exc:  # a bug in an observer, the ledger's disk...: the run ends loudly
             log.exception("dispatcher worker failed")
-            self._fail_run(run, exc)
+            run.fail(exc)
 
     def _pick(self, state: _PromptState) -> _Slot | None:
         routable = self._routable
@@ -498,11 +631,10 @@ class Dispatcher:
         task = asyncio.current_task()
         assert task is not None
         record = _Attempt(task, task.cancelling())
+        accounts = run.accounts
         slot.outstanding += 1
         slot.attempts.add(record)
-        self._in_flight += 1
-        self.metrics.in_flight += 1
-        run.stats.in_flight += 1
+        accounts.attempt_started()
         if slot.name not in state.tried:
             state.tried.append(slot.name)
         timeout = self.policy.attempt_timeout_seconds
@@ -523,8 +655,7 @@ class Dispatcher:
                 if record.evicted and task.uncancel() <= record.cancelling:
                     evicted = True
                 else:
-                    run.stats.cancelled += 1
-                    self.metrics.attempt("cancelled")
+                    accounts.attempt_abandoned()
                     raise
             except (RolloutRedispatchExhausted, RolloutStall):
                 raise
@@ -541,43 +672,21 @@ class Dispatcher:
         finally:
             slot.outstanding -= 1
             slot.attempts.discard(record)
-            self._in_flight -= 1
-            self.metrics.in_flight -= 1
-            run.stats.in_flight -= 1
-        ended = clock()
+            accounts.attempt_stopped()
+        seconds = clock() - started
         if not run.active:
             return
         if evicted:
-            self._evicted(run, state, slot, ended - started)
+            accounts.attempt_ended("cancelled", state.prompt_id, slot.name, seconds)
+            state.budget.evictions += 1
+            state.last_failed = slot.name
+            run.requeue(state, 0.0)
         elif failure is not None:
-            self._failed(run, state, slot, failure, ended - started)
+            self._failed(run, state, slot, failure, seconds)
         else:
-            self._succeeded(run, state, slot, result, started, ended)
-
-    def _succeeded(
-        self, run: DispatchRun[Any, Any], state: _PromptState, slot: _Slot, result: Any, started: float, ended: float
-    ) -> None:
-        seconds = ended - started
-        metrics = self.metrics
-        run.stats.successes += 1
-        run.stats.completed += 1
-        metrics.attempt("success", seconds)
-        metrics.prompts["completed"] += 1
-        self._commit()
-        if run.watchdog is not None:
-            run.watchdog.committed(ended)
-        if self._observer is not None:
-            self._emit(AttemptEnded(state.prompt_id, slot.name, "success", None, seconds))
-        attempts = state.budget.attempts + 1
-        self._finish(run, state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
-
-    def _evicted(self, run: DispatchRun[Any, Any], state: _PromptState, slot: _Slot, seconds: float) -> None:
-        run.stats.cancelled += 1
-        self.metrics.attempt("cancelled", seconds)
-        state.budget.evictions += 1
-        state.last_failed = slot.name
-        self._emit(AttemptEnded(state.prompt_id, slot.name, "cancelled", None, seconds))
-        self._requeue(run, state, 0.0)
+            accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
+            attempts = state.budget.attempts + 1
+            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
 
     def _failed(
         self,
@@ -587,61 +696,40 @@ class Dispatcher:
         exc: BaseException,
         seconds: float | None,
     ) -> None:
-        metrics = self.metrics
-        failure_class = classify_rollout_failure(exc)
-        kind = failure_type(exc)
-        metrics.failure(failure_class.value, kind)
-        outcome: Literal["infra_failure", "data_failure"]
-        if failure_class is FailureClass.INFRA:
+        diagnosis = diagnose(exc)
+        outcome: AttemptOutcome
+        if diagnosis.failure_class is FailureClass.INFRA:
             outcome = "infra_failure"
             state.budget.infra_failures += 1
-            run.stats.infra_failures += 1
         else:
             outcome = "data_failure"
             state.budget.data_failures += 1
-            run.stats.data_failures += 1
-        metrics.attempt(outcome, seconds)
         if slot is not None:
             state.last_failed = slot.name
-        if self._observer is not None:
-            self._emit(AttemptEnded(state.prompt_id, slot.name if slot else None, outcome, kind, seconds or 0.0))
-        if failure_class is FailureClass.INFRA and slot is not None and _blames_shard(exc):
+        run.accounts.attempt_ended(outcome, state.prompt_id, slot.name if slot else None, seconds, diagnosis)
+        if slot is not None and diagnosis.blames_shard:
             self._eject(run, slot.name)
-        decision = decide(self.policy, state.budget, failure_class, terminal=_is_terminal(exc), draw=self._rng.random())
+        draw = self._rng.random()
+        decision = decide(self.policy, state.budget, diagnosis.failure_class, terminal=diagnosis.terminal, draw=draw)
         if isinstance(decision, DataFailedDecision):
-            self._data_failed(run, state, exc, failure_class, kind)
+            self._data_failed(run, state, diagnosis)
         elif isinstance(decision, ExhaustedDecision):
-            self._exhausted(run, state, exc, kind)
+            self._exhausted(run, state, exc, diagnosis)
         else:
-            self._requeue(run, state, decision.delay_seconds)
+            run.requeue(state, decision.delay_seconds)
 
-    def _data_failed(
-        self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, cls: FailureClass, kind: str
+    def _data_failed(self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis) -> None:
+        cls, kind, reason = diagnosis.failure_class, diagnosis.failure_type, diagnosis.reason
+        attempts, shards = state.budget.attempts, tuple(state.tried)
+        run.finish(state, DataFailed(state.prompt_id, state.prompt, cls, kind, reason, attempts, shards))
+
+    def _exhausted(
+        self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, diagnosis: Diagnosis
     ) -> None:
-        reason = _reason(exc)
-        attempts = state.budget.attempts
-        run.stats.data_failed += 1
-        self.metrics.prompts["data_failed"] += 1
-        self._commit()
-        if run.watchdog is not None:
-            run.watchdog.committed(self.clock.monotonic())
-        log.warning("prompt %s data-failed after %d attempt(s): %s", state.prompt_id, attempts, reason)
-        self._write_ledger(state, "data_failed", cls, kind, reason)
-        outcome = DataFailed(state.prompt_id, state.prompt, cls, kind, reason, attempts, tuple(state.tried))
-        self._finish(run, state, outcome)
-
-    def _exhausted(self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, kind: str) -> None:
-        run.stats.exhausted += 1
-        self.metrics.exhausted += 1
-        reason = _reason(exc)
-        attempts = state.budget.attempts
-        shards = tuple(state.tried)
+        run.accounts.exhausted()
+        reason, attempts, shards = diagnosis.reason, state.budget.attempts, tuple(state.tried)
         if run.stats.skipped < self.policy.max_skipped_prompts:
-            run.stats.skipped += 1
-            self.metrics.prompts["skipped"] += 1
-            log.warning("prompt %s skipped after %d attempt(s): %s", state.prompt_id, attempts, reason)
-            self._write_ledger(state, "skipped", FailureClass.INFRA, kind, reason)
-            self._finish(run, state, Skipped(state.prompt_id, state.prompt, kind, reason, attempts, shards))
+            run.finish(state, Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards))
             return
         error = RolloutRedispatchExhausted(
             f"prompt {state.prompt_id!r} failed {state.budget.infra_failures} infra attempt(s) on shards "
@@ -649,24 +737,7 @@ class Dispatcher:
         )
         error.__cause__ = exc
         log.error("%s", error)
-        self._fail_run(run, error)
-
-    def _write_ledger(self, state: _PromptState, result: Any, cls: FailureClass, kind: str, reason: str) -> None:
-        if self._ledger is None:
-            return
-        self._ledger.write(
-            LedgerEntry(
-                prompt_id=state.prompt_id,
-                result=result,
-                failure_class=cls.value,
-                failure_type=kind,
-                reason=reason,
-                attempts=state.budget.attempts,
-                shards=tuple(state.tried),
-                time=self.clock.wall(),
-                prompt_preview=preview(state.prompt),
-            )
-        )
+        run.fail(error)
 
     # -- health: the source, ejection, eviction --------------------------------------------------------------
 
@@ -731,10 +802,8 @@ class Dispatcher:
         ejection = self._ejections.eject(name, now=clock.monotonic(), wall=clock.wall(), healthy=self._slots.keys())
         if ejection is None:
             return
-        run.stats.ejections += 1
-        self.metrics.ejection(name)
         log.info("shard %s ejected for %.1fs (ejection #%d in a row)", name, ejection.seconds, ejection.count)
-        self._emit(ShardEjected(name, ejection.seconds, ejection.count))
+        run.accounts.ejected(name, ejection)
         self._recompute()
         self._schedule_expiry()
 
@@ -765,8 +834,3 @@ class Dispatcher:
             self._observer(event)
         except Exception:
             log.exception("dispatch observer failed on %r", event)
-
-
-def _reason(exc: BaseException) -> str:
-    """The failure's message with the causes that explain it, bounded (vLLM's 400 body lands here)."""
-    return safe_message(describe_failure(exc))
