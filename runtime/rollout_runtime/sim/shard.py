@@ -35,6 +35,7 @@ __all__ = [
     "READY_PREFIX",
     "SimFaults",
     "SimShardConfig",
+    "arithmetic",
     "count_tokens",
     "create_app",
     "expected_answer",
@@ -105,6 +106,11 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
+def arithmetic(left: int, op: str, right: int) -> int:
+    """``left op right`` for op one of + - * (the sim model and the sim verifier compute answers alike)."""
+    return left + right if op == "+" else left - right if op == "-" else left * right
+
+
 def expected_answer(prompt: str) -> str:
     """The sim model's answer to a prompt (an environment verifier can compute it too).
 
@@ -115,8 +121,7 @@ def expected_answer(prompt: str) -> str:
     matches = _ARITHMETIC.findall(prompt)
     if matches:
         a, op, b = matches[-1]
-        x, y = int(a), int(b)
-        return str(x + y if op == "+" else x - y if op == "-" else x * y)
+        return str(arithmetic(int(a), op, int(b)))
     _, sep, tail = prompt.partition("reverse:")
     if sep:
         return " ".join(reversed(tail.split()))
