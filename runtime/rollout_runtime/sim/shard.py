@@ -39,6 +39,7 @@ __all__ = [
     "count_tokens",
     "create_app",
     "expected_answer",
+    "flap_is_down",
     "vllm_context_length_message",
 ]
 
@@ -99,6 +100,11 @@ class SimShardConfig(BaseModel):
     """Seeds the random choices of ``error_rate`` and ``drop_rate``."""
     max_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
     faults: SimFaults = Field(default_factory=SimFaults)
+
+
+def flap_is_down(elapsed_seconds: float, flap_seconds: float) -> bool:
+    """Whether a shard flapping since ``elapsed_seconds`` ago is down: ``flap_seconds`` up, then down, and so on."""
+    return int(elapsed_seconds / flap_seconds) % 2 == 1
 
 
 def count_tokens(text: str) -> int:
@@ -217,7 +223,7 @@ class SimShard:
         period = self.faults.flap_seconds
         if period is None:
             return False
-        return int((self._clock() - self._faults_set_at) / period) % 2 == 1
+        return flap_is_down(self._clock() - self._faults_set_at, period)
 
     @property
     def served_model(self) -> str:
