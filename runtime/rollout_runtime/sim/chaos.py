@@ -334,6 +334,8 @@ class InjectedFault:
     fault: Fault
     started: float
     ended: float | None = None
+    lifted: float | None = None
+    """When the hold ended and the undo (restart, SIGCONT, clearing) began; ``ended`` is once the undo is done."""
     detail: dict[str, Any] = field(default_factory=dict)
     applied: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     """Set once the fault is in effect (the shard is dead, hung, erroring...), before it is held."""
@@ -496,6 +498,7 @@ class FaultInjector:
             try:
                 await self._hold(fault)
             finally:
+                record.lifted = asyncio.get_running_loop().time()
                 fleet.resume(name)
         elif kind is FaultKind.SHARD_SLOW:
             await fleet.set_faults(name, slow_seconds=fault.slow_seconds)
@@ -543,6 +546,7 @@ class FaultInjector:
         try:
             await self._hold(record.fault)
         finally:
+            record.lifted = asyncio.get_running_loop().time()
             await asyncio.shield(undo)
 
     async def _restart(self, name: str) -> None:
