@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +262,16 @@ async def _readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
-def _timeout_error(what: str, timeout: float, process: ManagedProcess | None) -> TimeoutError:
-    detail = f"; log {process.log_path}, last lines:\n{process.tail()}" if process is not None else ""
-    return TimeoutError(f"{what} not ready within {timeout:g} s{detail}")
+def _polls(what: str, timeout: float, process: ManagedProcess | None) -> Iterator[None]:
+    """One step per poll until ``timeout``: fail fast with the log's tail if ``process`` dies, then on the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None:
+            process.check_alive()
+        yield
+        if time.monotonic() > deadline:
+            detail = f"; log {process.log_path}, last lines:\n{process.tail()}" if process is not None else ""
+            raise TimeoutError(f"{what} not ready within {timeout:g} s{detail}")
 
 
 def wait_until(
@@ -277,15 +284,11 @@ def wait_until(
 ) -> float:
     """Poll ``check`` until it is true; return the seconds it took. Fail fast if ``process`` dies meanwhile."""
     start = time.monotonic()
-    deadline = start + timeout
-    while True:
-        if process is not None:
-            process.check_alive()
+    for _ in _polls(what, timeout, process):
         if check():
             return time.monotonic() - start
-        if time.monotonic() > deadline:
-            raise _timeout_error(what, timeout, process)
         time.sleep(interval)  # polling an external process: there is no event to wait for
+    raise AssertionError("unreachable")  # pragma: no cover - _polls raises on its deadline
 
 
 async def until(
@@ -297,21 +300,14 @@ async def until(
     interval: float = 0.2,
 ) -> float:
     """:func:`wait_until` for an event loop: ``check`` may be a coroutine function; polls back off to ``interval``."""
-    start = time.monotonic()
-    deadline = start + timeout_seconds
-    delay = 0.01
-    while True:
-        if process is not None:
-            process.check_alive()
+    start, delay = time.monotonic(), 0.01
+    for _ in _polls(what, timeout_seconds, process):
         done = check()
-        if not isinstance(done, bool):
-            done = await done
-        if done:
+        if done if isinstance(done, bool) else await done:
             return time.monotonic() - start
-        if time.monotonic() > deadline:
-            raise _timeout_error(what, timeout_seconds, process)
         await asyncio.sleep(delay)  # polling an external process: there is no event to await
         delay = min(delay * 2, interval)
+    raise AssertionError("unreachable")  # pragma: no cover - _polls raises on its deadline
 
 
 @atexit.register
