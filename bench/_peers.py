@@ -22,12 +22,13 @@ import math
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollout_runtime.sim.process import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL = "bash scripts/install-tools.sh haproxy nginx"
@@ -65,14 +66,6 @@ def peer_binary(name: str) -> Path:
     if not (tool_dir / ".complete").is_file() or not os.access(binary, os.X_OK):
         raise PeerMissing(f"{name} is not installed at {binary}: run `{INSTALL}`")
     return binary
-
-
-def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (the peer binds it right after; the race is harmless here)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -17,46 +17,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
+from _support import SHARDS, Rollout, bare_semaphore_loop, returns_at_once, timed, yields_once
 from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
 from rollout_runtime.failures import GenerationUnavailable
 from rollout_runtime.health import HealthState, ProbeReason, ProbeResult, ProbeSettings
 from rollout_runtime.shards import HealthySet, Shard, StaticShardSource
-
-SHARDS = [Shard(name=f"shard-{i}", endpoint=f"http://127.0.0.1:{8000 + i}") for i in range(4)]
-
+from rollout_runtime.sim.chaos import Fault, FaultKind, FaultSchedule
+from rollout_runtime.sim.shard import flap_is_down
 
 # -- 1. overhead ---------------------------------------------------------------------------------------------------
-
-
-Rollout = Callable[[Shard, int], Awaitable[int]]
-
-
-async def returns_at_once(shard: Shard, prompt: int) -> int:
-    return prompt
-
-
-async def yields_once(shard: Shard, prompt: int) -> int:
-    await asyncio.sleep(0)  # one trip through the event loop, as any real I/O makes
-    return prompt
-
-
-async def bare_semaphore_loop(prompts: list[int], concurrency: int, rollout: Rollout) -> int:
-    semaphore = asyncio.Semaphore(concurrency)
-    shard = SHARDS[0]
-
-    async def one(prompt: int) -> int:
-        async with semaphore:
-            return await rollout(shard, prompt)
-
-    results = await asyncio.gather(*(one(p) for p in prompts))
-    return len(results)
 
 
 async def dispatcher_loop(prompts: list[int], concurrency: int, rollout: Rollout) -> int:
@@ -66,25 +40,6 @@ async def dispatcher_loop(prompts: list[int], concurrency: int, rollout: Rollout
         async for outcome in dispatcher.run(prompts, rollout):
             done += isinstance(outcome, Completed)
     return done
-
-
-Runner = Callable[[list[int], int, Rollout], Coroutine[Any, Any, int]]
-
-
-def timed(runner: Runner, prompts: list[int], concurrency: int, rollout: Rollout) -> float:
-    """Seconds for one run on a fresh event loop (GC off while timing, as timeit does)."""
-    loop = asyncio.new_event_loop()
-    try:
-        gc.collect()
-        gc.disable()
-        start = time.perf_counter()
-        done = loop.run_until_complete(runner(prompts, concurrency, rollout))
-        elapsed = time.perf_counter() - start
-    finally:
-        gc.enable()
-        loop.close()
-    assert done == len(prompts), f"{runner.__name__} finished {done} of {len(prompts)}"
-    return elapsed
 
 
 def overhead(count: int, concurrency: int, repeat: int) -> None:
@@ -107,30 +62,35 @@ def overhead(count: int, concurrency: int, repeat: int) -> None:
 # -- 2. value under chaos ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Chaos:
-    """Times (seconds from the start) at which shard-0 dies, shard-1 hangs, shard-2 starts flapping."""
+LATENCY = 0.01
+"""Seconds per in-process rollout on a healthy shard."""
+FOREVER = 3600.0
+CHAOS = FaultSchedule.of(
+    [
+        Fault(kind=FaultKind.SHARD_KILL, target="shard-0", at_seconds=0.1, hold_seconds=FOREVER),
+        Fault(kind=FaultKind.SHARD_HANG, target="shard-1", at_seconds=0.2, hold_seconds=FOREVER),
+        Fault(kind=FaultKind.ERROR_BURST_5XX, target="shard-2", at_seconds=0.3, hold_seconds=FOREVER, flap_seconds=0.1),
+    ]
+)
+"""shard-0 dies, shard-1 hangs, shard-2 flaps: the sim's schedule model, followed here without processes."""
 
-    latency: float = 0.01
-    die_at: float = 0.1
-    hang_at: float = 0.2
-    flap_from: float = 0.3
-    flap_period: float = 0.1
 
-    def state(self, name: str, t: float) -> str:
-        if name == "shard-0" and t >= self.die_at:
+def shard_state(schedule: FaultSchedule, name: str, t: float) -> str:
+    """What an in-process shard does at ``t`` seconds: the schedule's faults, applied by hand."""
+    for fault in schedule.active(name, t):
+        if fault.kind is FaultKind.SHARD_KILL:
             return "dead"
-        if name == "shard-1" and t >= self.hang_at:
+        if fault.kind is FaultKind.SHARD_HANG:
             return "hung"
-        if name == "shard-2" and t >= self.flap_from and int((t - self.flap_from) / self.flap_period) % 2 == 0:
+        if fault.flap_seconds is None or flap_is_down(t - (fault.at_seconds or 0.0), fault.flap_seconds):
             return "down"
-        return "up"
+    return "up"
 
 
 class ChaosFleet:
-    """Four in-process shards following :class:`Chaos`, and simulated probes feeding the real hysteresis."""
+    """Four in-process shards following a schedule, and simulated probes feeding the real hysteresis."""
 
-    def __init__(self, chaos: Chaos, probes: ProbeSettings) -> None:
+    def __init__(self, chaos: FaultSchedule, probes: ProbeSettings) -> None:
         self.chaos = chaos
         self.probes = probes
         self.start = time.monotonic()
@@ -140,14 +100,14 @@ class ChaosFleet:
         return time.monotonic() - self.start
 
     async def rollout(self, shard: Shard, prompt: int) -> int:
-        state = self.chaos.state(shard.name, self.now())
+        state = shard_state(self.chaos, shard.name, self.now())
         if state == "dead":
             raise ConnectionRefusedError(f"{shard.name}: connection refused")
         if state == "hung":
             await self.forever.wait()
         if state == "down":
             raise GenerationUnavailable(f"{shard.name}: 503", status=503)
-        await asyncio.sleep(self.chaos.latency)
+        await asyncio.sleep(LATENCY)
         return prompt
 
     async def snapshots(self) -> AsyncIterator[HealthySet]:
@@ -155,7 +115,7 @@ class ChaosFleet:
         ok_at: dict[str, float] = {}
         while True:
             for name, state in states.items():
-                if self.chaos.state(name, self.now()) == "up":
+                if shard_state(self.chaos, name, self.now()) == "up":
                     state.observe(ProbeResult.success())
                     ok_at[name] = time.time()
                 else:
@@ -175,7 +135,9 @@ class Tally:
         return f"{self.completed:5d}/{count} completed, {ending}"
 
 
-async def naive_chaos(count: int, concurrency: int, policy: DispatchPolicy, chaos: Chaos, deadline: float) -> Tally:
+async def naive_chaos(
+    count: int, concurrency: int, policy: DispatchPolicy, chaos: FaultSchedule, deadline: float
+) -> Tally:
     """Each prompt is pinned to a shard (round-robin) and retried there, with the dispatcher's budget and backoff."""
     fleet = ChaosFleet(chaos, ProbeSettings())
     semaphore = asyncio.Semaphore(concurrency)
@@ -204,7 +166,7 @@ async def naive_chaos(count: int, concurrency: int, policy: DispatchPolicy, chao
 
 
 async def dispatcher_chaos(
-    count: int, concurrency: int, policy: DispatchPolicy, chaos: Chaos, deadline: float
+    count: int, concurrency: int, policy: DispatchPolicy, chaos: FaultSchedule, deadline: float
 ) -> Tally:
     probes = ProbeSettings(period_seconds=0.05, timeout_seconds=0.04, failure_threshold=2, success_threshold=1)
     fleet = ChaosFleet(chaos, probes)
@@ -224,7 +186,7 @@ async def dispatcher_chaos(
 
 
 def value(count: int, concurrency: int, deadline: float) -> None:
-    chaos = Chaos()
+    chaos = CHAOS
     policy = DispatchPolicy(
         max_concurrency=concurrency,
         attempt_timeout_seconds=1.0,
@@ -237,9 +199,8 @@ def value(count: int, concurrency: int, deadline: float) -> None:
     naive = asyncio.run(naive_chaos(count, concurrency, policy, chaos, deadline))
     ours = asyncio.run(dispatcher_chaos(count, concurrency, policy, chaos, deadline))
     print(
-        f"2. chaos: {count} prompts, 4 shards ({chaos.latency * 1000:.0f} ms each), concurrency {concurrency}, "
-        f"attempt timeout {policy.attempt_timeout_seconds:g}s; shard-0 dies at {chaos.die_at}s, shard-1 hangs at "
-        f"{chaos.hang_at}s, shard-2 flaps from {chaos.flap_from}s"
+        f"2. chaos: {count} prompts, 4 shards ({LATENCY * 1000:.0f} ms each), concurrency {concurrency}, "
+        f"attempt timeout {policy.attempt_timeout_seconds:g}s; " + "; ".join(f.describe() for f in chaos.faults)
     )
     print(f"   naive retry-on-same-shard   : {naive.row(count, deadline)}")
     print(f"   Dispatcher                  : {ours.row(count, deadline)}")

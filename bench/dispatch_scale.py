@@ -1,10 +1,10 @@
 """Benchmark 2: Dispatcher overhead and scale, each number beside a bare loop measured in the same run.
 
-Extends bench/dispatch_overhead.py (the dispatch engineer's; its zero-latency rollout, bare semaphore loop and
-timer are reused here, not copied) along the axes the issue asks for:
+Extends bench/dispatch_overhead.py (the zero-latency rollout, bare semaphore loop and timer of bench/_support.py
+are shared, not copied) along the axes the issue asks for:
 
 A. queue and concurrency: 1k, 10k, 100k prompts x 10, 100, 1,000 concurrent, zero-latency in-process rollouts
-   (dispatch_overhead's ``yields_once``: one trip through the event loop, as any real I/O makes);
+   (``_support.yields_once``: one trip through the event loop, as any real I/O makes);
    microseconds per attempt for the bare asyncio loop and the Dispatcher, their ratio, and the growth of the
    Dispatcher's per-attempt cost from the smallest to the largest queue (linear total cost = flat per attempt;
    quadratic would multiply it by the queue growth, 100x).
@@ -25,19 +25,14 @@ import argparse
 import asyncio
 import itertools
 import statistics
-import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dispatch_overhead import Rollout, bare_semaphore_loop, timed, yields_once
-
+from _support import Rollout, bare_semaphore_loop, timed, yields_once
 from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.shards import Shard, StaticShardSource

@@ -29,20 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from _peers import HAProxy, Nginx, ProxySettings, SendLog
-
 from rollout_runtime.dispatch import (
     Completed,
     Dispatcher,
@@ -58,6 +52,7 @@ from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
+from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule
 
 MARKER = "failover ratios vs rollout-fleet"
 CONTENDERS = ("rollout-fleet", "haproxy", "nginx", "naive")
@@ -123,14 +118,7 @@ SMOKE = Scale(5, 8, 3.0, 0.05, 1.5, 0.25, 0.15, 0.05, 0.5)
 # -- the chaos schedule ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Chaos:
-    at: float
-    action: str
-    shard: str
-
-
-def chaos_schedule(scale: Scale, seed: int) -> list[Chaos]:
+def chaos_schedule(scale: Scale, seed: int) -> FaultSchedule:
     """The seeded timeline every contender faces: kill/restart, hang/resume, flapping, and 503 bursts.
 
     A burst is a span of time in which a shard answers every generation request with 503 while its ``/health``
@@ -138,62 +126,26 @@ def chaos_schedule(scale: Scale, seed: int) -> list[Chaos]:
     sick shard the fewest requests while the count lasts, and a real sick spell does not end by being hit.
     """
     d = scale.duration
-    events = [
-        Chaos(0.10 * d, "flap", FLAPPING),
-        Chaos(0.15 * d, "kill", KILLED),
-        Chaos(0.30 * d, "hang", HUNG),
-        Chaos(0.55 * d, "restart", KILLED),
-        Chaos(0.70 * d, "resume", HUNG),
-        Chaos(0.80 * d, "unflap", FLAPPING),
-    ]
+    flap = max(0.05 * d, 3 * scale.probe_period)
+    faults = [
+        Fault(kind=FaultKind.ERROR_BURST_5XX, target=FLAPPING, at_seconds=0.10 * d, hold_seconds=0.70 * d,
+              flap_seconds=flap, status=503),
+        Fault(kind=FaultKind.SHARD_KILL, target=KILLED, at_seconds=0.15 * d, hold_seconds=0.40 * d),
+        Fault(kind=FaultKind.SHARD_HANG, target=HUNG, at_seconds=0.30 * d, hold_seconds=0.40 * d),
+    ]  # fmt: skip
     rng = random.Random(seed)
-    burstable = [f"shard-{i}" for i in range(scale.shards) if f"shard-{i}" not in (KILLED, HUNG)]
+    burstable = [f"shard-{i}" for i in range(scale.shards) if f"shard-{i}" not in (KILLED, HUNG, FLAPPING)]
     for _ in range(max(3, int(d / 2))):
         at, shard = round(rng.uniform(0.05 * d, 0.85 * d), 3), rng.choice(burstable)
-        events += [Chaos(at, "burst", shard), Chaos(round(at + rng.uniform(0.02 * d, 0.06 * d), 3), "unburst", shard)]
-    return sorted(events, key=lambda e: e.at)
+        hold = round(rng.uniform(0.02 * d, 0.06 * d), 3)
+        faults.append(Fault(kind=FaultKind.ERROR_BURST_5XX, target=shard, at_seconds=at, hold_seconds=hold, status=503))
+    return FaultSchedule.of(faults, seed=seed)
 
 
-@dataclass
-class ChaosRecord:
-    killed_at: float | None = None
-    restarted_at: float | None = None
-    hung_at: float | None = None
-    resumed_at: float | None = None
-    requests_before_kill: int = 0
-
-
-async def run_chaos(fleet: SimFleet, events: Sequence[Chaos], t0: float, scale: Scale, record: ChaosRecord) -> None:
-    """Play the timeline: each event at its own time (a slow restart never delays the events after it)."""
-
-    async def play(event: Chaos) -> None:
-        delay = t0 + event.at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)  # the schedule is on the wall clock by design
-        name = event.shard
-        if event.action == "kill":
-            record.requests_before_kill = (await fleet.stats(name)).get("generation_requests", 0)
-            record.killed_at = time.monotonic()  # kill() sends SIGKILL before its first await
-            await fleet.kill(name)
-        elif event.action == "restart":
-            record.restarted_at = time.monotonic()
-            await fleet.restart(name)
-        elif event.action == "hang":
-            fleet.hang(name)
-            record.hung_at = time.monotonic()
-        elif event.action == "resume":
-            record.resumed_at = time.monotonic()
-            fleet.resume(name)
-        elif event.action == "flap":
-            await fleet.set_faults(name, flap_seconds=max(0.05 * scale.duration, 3 * scale.probe_period))
-        elif event.action == "unflap":
-            await fleet.set_faults(name, flap_seconds=None)
-        elif event.action == "burst":
-            await fleet.set_faults(name, error_rate=1.0, error_status=503)
-        elif event.action == "unburst":
-            await fleet.set_faults(name, error_rate=0.0)
-
-    await asyncio.gather(*(play(event) for event in events))
+def fault_window(injector: FaultInjector, kind: FaultKind) -> tuple[float | None, float | None]:
+    """When the first fault of ``kind`` started and when its undo began (loop time, which is time.monotonic())."""
+    record = next((r for r in injector.injected if r.fault.kind is kind), None)
+    return (None, None) if record is None else (record.started, record.lifted)
 
 
 # -- what every contender records -----------------------------------------------------------------------------
@@ -377,10 +329,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def print_trace(name: str, tally: Tally, t0: float, record: ChaosRecord, count: int) -> None:
+def print_trace(name: str, tally: Tally, t0: float, injector: FaultInjector, count: int) -> None:
     """The slowest prompts with each attempt's send time and shard (where the contender picks shards)."""
-    marks = {k: round(v - t0, 2) for k, v in vars(record).items() if isinstance(v, float)}
-    print(f"  trace {name}: chaos at {marks}")
+    marks = [
+        f"{r.fault.kind.value} {r.fault.target} {r.started - t0:.2f}s..{(r.lifted or r.started) - t0:.2f}s"
+        for r in injector.injected
+    ]
+    print(f"  trace {name}: chaos at {'; '.join(marks)}")
     changes = [f"{at - t0:.2f}s {what}" for at, what in tally.events if at >= t0]
     if changes:
         print(f"    health view: {'; '.join(changes)}")
@@ -395,17 +350,22 @@ def print_trace(name: str, tally: Tally, t0: float, record: ChaosRecord, count: 
 
 async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> Row:
     prompts = make_prompts(scale.prompts, seed)
-    events = chaos_schedule(scale, seed)
-    record = ChaosRecord()
     tally = Tally()
-    chaos: asyncio.Task[None] | None = None
     t0 = 0.0
+    requests_before_kill = 0
     async with SimFleet(scale.shards, seed=seed, extra_args=("--slow", str(scale.latency))) as fleet:
 
+        async def count_before_kill(fault: Fault) -> None:
+            """A restarted sim shard counts from zero: keep what the killed one had served."""
+            nonlocal requests_before_kill
+            if fault.kind is FaultKind.SHARD_KILL:
+                requests_before_kill = (await fleet.stats(fault.target)).get("generation_requests", 0)
+
+        chaos = FaultInjector(fleet, chaos_schedule(scale, seed), before_apply=count_before_kill)
+
         def begin() -> float:
-            nonlocal chaos, t0
-            t0 = time.monotonic()
-            chaos = asyncio.create_task(run_chaos(fleet, events, t0, scale, record), name="chaos")
+            nonlocal t0
+            t0 = chaos.start_clock()
             return t0
 
         ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
@@ -434,17 +394,17 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
                 raise ValueError(f"unknown contender {name!r}; known: {', '.join(CONTENDERS)}")
             wall = max(tally.ended.values(), default=t0) - t0
         finally:
-            if chaos is not None:
-                with contextlib.suppress(Exception):
-                    await chaos  # finish the timeline (resume the hung shard) before reading counters
+            await chaos.wait()  # finish the timeline (resume the hung shard) before reading counters
         counts = await asyncio.gather(*(fleet.stats(n) for n in fleet.names))
     if trace:
-        print_trace(name, tally, t0, record, trace)
-    shard_requests = record.requests_before_kill + sum(c.get("generation_requests", 0) for c in counts)
+        print_trace(name, tally, t0, chaos, trace)
+    shard_requests = requests_before_kill + sum(c.get("generation_requests", 0) for c in counts)
     latencies = [tally.ended[pid] - tally.started[pid] for pid in tally.ended]
     end = t0 + 10 * scale.duration
-    kill_last = tally.sends.last_in(KILLED, record.killed_at, record.restarted_at or end) if record.killed_at else None
-    hang_last = tally.sends.last_in(HUNG, record.hung_at, record.resumed_at or end) if record.hung_at else None
+    killed_at, restarted_at = fault_window(chaos, FaultKind.SHARD_KILL)
+    hung_at, resumed_at = fault_window(chaos, FaultKind.SHARD_HANG)
+    kill_last = tally.sends.last_in(KILLED, killed_at, restarted_at or end) if killed_at else None
+    hang_last = tally.sends.last_in(HUNG, hung_at, resumed_at or end) if hung_at else None
     return Row(
         name=name,
         completed=tally.completed,
@@ -515,7 +475,7 @@ async def main_async(scale: Scale, seed: int, contenders: Sequence[str], trace: 
         f"every {scale.probe_period:g}s (timeout {scale.probe_timeout:g}s, fall {scale.fall}, rise {scale.rise}), "
         f"backoff {scale.backoff_initial:g}s..{scale.backoff_max:g}s, seed {seed}"
     )
-    print("chaos: " + ", ".join(f"{e.at:.2f}s {e.action} {e.shard}" for e in chaos_schedule(scale, seed)))
+    print("chaos: " + "; ".join(fault.describe() for fault in chaos_schedule(scale, seed).faults))
     rows = []
     for name in contenders:
         started = time.monotonic()

@@ -43,10 +43,10 @@ from typing import Any
 from rollout_runtime.kube import kinds
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests"))  # ControlPlane is test infrastructure (kept out of the wheel)
 
+from rollout_runtime.sim.process import ManagedProcess, free_port, wait_until  # noqa: E402
 from support.controlplane import ControlPlane  # noqa: E402
-from support.processes import ManagedProcess, free_port, wait_until  # noqa: E402
 
 MARKER = "operator scale ratios"
 ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,11 +43,11 @@ from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFaults, SimFleet
+from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule, InjectedFault
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import ArithmeticRequest, ArithmeticResponse
 
 __all__ = [
-    "ChaosStep",
     "DemoConfig",
     "DemoPrompt",
     "DemoReport",
@@ -95,16 +95,6 @@ class DemoResult:
     """None when no environment scored it (``--no-env``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ChaosStep:
-    """At ``at_fraction`` of the prompts finished, do ``action`` to ``shard``."""
-
-    at_fraction: float
-    action: Literal["kill", "hang", "resume", "restart", "flap_start", "flap_stop", "burst"]
-    shard: str
-    description: str
-
-
 def demo_prompts(config: DemoConfig) -> list[DemoPrompt]:
     """Arithmetic problems (which the sim model answers and the verifier scores) plus a few over-long ones."""
     rng = random.Random(config.seed)
@@ -120,27 +110,19 @@ def demo_prompts(config: DemoConfig) -> list[DemoPrompt]:
     return prompts
 
 
-def chaos_schedule(names: Sequence[str]) -> list[ChaosStep]:
-    """The demo's faults: kill, hang, flap and burst, each on its own shard, keeping one shard clean if possible."""
-    steps: list[ChaosStep] = []
-    if len(names) >= 1:
-        steps += [
-            ChaosStep(0.10, "kill", names[0], "SIGKILL: the shard process dies"),
-            ChaosStep(0.65, "restart", names[0], "the killed shard comes back"),
-        ]
-    if len(names) >= 2:
-        steps += [
-            ChaosStep(0.20, "hang", names[1], "SIGSTOP: the shard hangs with requests in flight"),
-            ChaosStep(0.55, "resume", names[1], "SIGCONT: the hung shard resumes"),
-        ]
-    if len(names) >= 3:
-        steps += [
-            ChaosStep(0.25, "flap_start", names[2], "health endpoint starts flapping"),
-            ChaosStep(0.75, "flap_stop", names[2], "flapping stops"),
-        ]
-    if len(names) >= 4:
-        steps.append(ChaosStep(0.35, "burst", names[3], "a burst of 503s"))
-    return sorted(steps, key=lambda s: s.at_fraction)
+def chaos_schedule(names: Sequence[str]) -> FaultSchedule:
+    """The demo's faults: kill, hang, flap and burst, each on its own shard, keeping one shard clean if possible.
+
+    Each starts and ends at a fraction of the prompts finished, so every machine sees the same story.
+    """
+    plan: list[dict[str, Any]] = [
+        {"kind": FaultKind.SHARD_KILL, "at_progress": 0.10, "until_progress": 0.65},
+        {"kind": FaultKind.SHARD_HANG, "at_progress": 0.20, "until_progress": 0.55},
+        {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.25, "until_progress": 0.75, "flap_seconds": 1.5},
+        {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.35, "until_progress": 1.0, "count": 20, "status": 503},
+    ]
+    faults = [Fault(target=name, **fields) for name, fields in zip(names, plan, strict=False)]  # one fault a shard
+    return FaultSchedule.of(faults)
 
 
 @dataclass
@@ -270,8 +252,9 @@ async def run_demo(
                 source, policy, registry=registry, observer=observe, seed=config.seed, ledger=FailureLedger(ledger_path)
             )
         )
-        schedule = chaos_schedule(fleet.names) if config.chaos else []
-        chaos = _Chaos(fleet, schedule, view, report)
+        schedule = chaos_schedule(fleet.names) if config.chaos else FaultSchedule()
+        chaos = FaultInjector(fleet, schedule, observer=lambda record: view.note(_chaos_note(record)))
+        chaos_clock = asyncio.get_running_loop().time()
         rewards: list[float | None] = []
         failure_types: Counter[str] = Counter()
         run = dispatcher.run(prompts, rollout)
@@ -291,14 +274,17 @@ async def run_demo(
                     view.stats = run.stats
                     view.phases = source.phases()
                     view.ejected = dispatcher.ejected
-                    await chaos.advance(view.finished / max(len(prompts), 1))
+                    chaos.advance(view.finished / max(len(prompts), 1))
                     if on_tick is not None:
                         on_tick(view)
         except (RolloutRedispatchExhausted, RolloutStall) as exc:
             report.error = f"{type(exc).__name__}: {exc}"
             view.note(f"run ended: {report.error}")
         finally:
-            await chaos.stop()
+            await chaos.close()
+        report.chaos = [
+            {**record.to_json(), "at_seconds": round(record.started - chaos_clock, 2)} for record in chaos.injected
+        ]
         stats = run.stats
         view.stats = stats
         view.phases = source.phases()
@@ -342,68 +328,20 @@ def _ejections_by_shard(registry: CollectorRegistry) -> dict[str, int]:
     return counts
 
 
-class _Chaos:
-    """Fires the schedule as the batch progresses; flapping runs as a background toggle until stopped."""
+def _chaos_note(record: InjectedFault) -> str:
+    fault = record.fault
+    if record.ended is None:
+        return f"chaos: {fault.target}: {_CHAOS_NOTES[fault.kind] if fault.flap_seconds is None else 'starts flapping'}"
+    return f"chaos: {fault.target}: {_CHAOS_ENDED[fault.kind] if fault.flap_seconds is None else 'flapping stops'}"
 
-    def __init__(self, fleet: SimFleet, schedule: list[ChaosStep], view: DemoView, report: DemoReport) -> None:
-        self._fleet = fleet
-        self._pending = list(schedule)
-        self._view = view
-        self._report = report
-        self._flappers: dict[str, asyncio.Task[None]] = {}
-        self._started = time.monotonic()
 
-    async def advance(self, fraction: float) -> None:
-        while self._pending and self._pending[0].at_fraction <= fraction:
-            step = self._pending.pop(0)
-            await self._do(step)
-            self._view.note(f"chaos: {step.shard}: {step.description}")
-            self._report.chaos.append(
-                {
-                    "action": step.action,
-                    "shard": step.shard,
-                    "at_fraction": step.at_fraction,
-                    "at_seconds": round(time.monotonic() - self._started, 2),
-                }
-            )
-
-    async def _do(self, step: ChaosStep) -> None:
-        fleet, name = self._fleet, step.shard
-        if step.action == "kill":
-            await fleet.kill(name)
-        elif step.action == "restart":
-            await fleet.restart(name)
-        elif step.action == "hang":
-            fleet.hang(name)
-        elif step.action == "resume":
-            fleet.resume(name)
-        elif step.action == "burst":
-            await fleet.set_faults(name, fail_next=20, error_status=503)
-        elif step.action == "flap_start":
-            self._flappers[name] = asyncio.create_task(self._flap(name), name=f"demo-flap-{name}")
-        elif step.action == "flap_stop":
-            await self._stop_flapping(name)
-
-    async def _flap(self, name: str) -> None:
-        unhealthy = False
-        while True:
-            unhealthy = not unhealthy
-            await self._fleet.set_faults(name, unhealthy=unhealthy)
-            await asyncio.sleep(1.5)
-
-    async def _stop_flapping(self, name: str) -> None:
-        task = self._flappers.pop(name, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            with contextlib.suppress(Exception):
-                await self._fleet.set_faults(name, unhealthy=False)
-
-    async def stop(self) -> None:
-        for name in list(self._flappers):
-            await self._stop_flapping(name)
-        for step in self._pending:  # leave no shard hung behind the demo
-            if step.action == "resume":
-                self._fleet.resume(step.shard)
-        self._pending.clear()
+_CHAOS_NOTES = {
+    FaultKind.SHARD_KILL: "SIGKILL: the shard process dies",
+    FaultKind.SHARD_HANG: "SIGSTOP: the shard hangs with requests in flight",
+    FaultKind.ERROR_BURST_5XX: "a burst of 503s",
+}
+_CHAOS_ENDED = {
+    FaultKind.SHARD_KILL: "the killed shard comes back",
+    FaultKind.SHARD_HANG: "SIGCONT: the hung shard resumes",
+    FaultKind.ERROR_BURST_5XX: "the burst is over",
+}

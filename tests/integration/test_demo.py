@@ -36,7 +36,9 @@ def test_demo_cli_runs_end_to_end_and_reports_every_prompt(tmp_path: Path) -> No
     assert all(
         f["over_long"] and "maximum context length is 256 tokens" in f["reason"] for f in report["data_failures"]
     )
-    assert [step["action"] for step in report["chaos"]] == [s.action for s in chaos_schedule(["a", "b", "c", "d"])]
+    assert [fault["kind"] for fault in report["chaos"]] == [
+        fault.kind.value for fault in chaos_schedule(["a", "b", "c", "d"]).faults
+    ]
     assert report["mean_reward"] == 1.0  # no failed attempt ever became a (zero-reward) result
     ledger = [json.loads(line) for line in (report_dir / "failures.jsonl").read_text().splitlines()]
     assert sorted(entry["prompt_id"] for entry in ledger) == sorted(f["prompt_id"] for f in report["data_failures"])

@@ -1,9 +1,13 @@
-"""Seeded fault schedules for a simulated fleet, and the injector that applies them to real processes.
+"""The one chaos schedule model for the simulated fleet, and the injector that applies it to real processes.
 
-A :class:`FaultSchedule` is a list of :class:`Fault` s, each triggered when a run has finished a fraction of its
-prompts (progress, not wall time, so a slow machine sees the same faults at the same point of the run) and held for
-a number of seconds (time, because some faults stop progress: with every shard down nothing finishes).
+A :class:`FaultSchedule` is a list of :class:`Fault` s. A fault starts when a run has finished a fraction of its
+prompts (``at_progress``: progress, not wall time, so a slow machine sees the same faults at the same point of the
+run) or, for a timeline that every contender of a benchmark must face alike, at a time (``at_seconds`` after
+:meth:`FaultInjector.start_clock`). It lasts a number of seconds (``hold_seconds``: time, because some faults stop
+progress: with every shard down nothing finishes) or until a later fraction of the prompts (``until_progress``).
 ``FaultSchedule.generate(seed, shards)`` draws one reproducibly: the same seed and shards give the same schedule.
+A schedule is plain data: :meth:`FaultSchedule.active` says which timed faults hold a target at a given second, so
+an in-process simulation (bench/dispatch_overhead.py) follows the same schedule without any process.
 
 :class:`FaultInjector` applies a schedule to a :class:`~rollout_runtime.sim.fleet.SimFleet` (SIGKILL, SIGSTOP and
 SIGCONT of real shard processes, runtime faults through each shard's admin endpoint) and to environment servers
@@ -11,7 +15,8 @@ SIGCONT of real shard processes, runtime faults through each shard's admin endpo
 Faults on one target never overlap: each waits for the previous fault on its target to end. Every applied fault is
 recorded as an :class:`InjectedFault` with its loop-time window, so a report can charge failures to it.
 
-Used by the chaos suite (tests/chaos) and reusable by demos: ``FaultInjector(fleet, environments).advance(0.3)``.
+Used by the chaos suite (tests/chaos), the demo (:mod:`rollout_runtime.demo`) and the benchmarks (bench/failover.py
+on the wall clock, bench/dispatch_overhead.py in process): ``FaultInjector(fleet, schedule).advance(0.3)``.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import enum
 import logging
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from rollout_runtime.sim.env_process import SimEnvProcess
@@ -63,11 +68,12 @@ class FaultKind(str, enum.Enum):
     SHARD_SLOW = "shard_slow"
     """Add latency to every generation request of a shard for the hold."""
     ERROR_BURST_5XX = "error_burst_5xx"
-    """The next ``count`` generation requests of a shard fail with a 5xx."""
+    """The next ``count`` generation requests of a shard fail with a 5xx (every request for the hold when ``count``
+    is 0; with ``flap_seconds``, the shard flaps: ``/health`` and generation 503 every other ``flap_seconds``)."""
     RATE_LIMIT_429 = "rate_limit_429"
-    """The next ``count`` generation requests of a shard fail with 429 Too Many Requests."""
+    """The next ``count`` generation requests of a shard fail with 429 Too Many Requests (0: all, for the hold)."""
     CONNECTION_DROP = "connection_drop"
-    """The next ``count`` generation responses of a shard are cut off mid-body (the connection closes)."""
+    """The next ``count`` generation responses of a shard are cut off mid-body (0: all, for the hold)."""
     WRONG_MODEL = "wrong_model"
     """A shard serves another model for the hold (its probes and requests see the wrong name)."""
     ENV_CRASH = "env_crash"
@@ -91,36 +97,76 @@ _5XX: Final[tuple[int, ...]] = (500, 502, 503, 504)
 
 
 class Fault(BaseModel):
-    """One fault: what, on which target, when (fraction of prompts finished) and for how long."""
+    """One fault: what, on which target, when (fraction of prompts finished, or seconds) and for how long."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: FaultKind
     target: str
     """A shard name, :data:`FLEET_TARGET` for every shard, or an environment target's name."""
-    at_progress: Annotated[float, Field(ge=0, le=1)]
+    at_progress: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Start once this fraction of the run's prompts has finished."""
+    at_seconds: Annotated[float, Field(ge=0, le=3600)] | None = None
+    """Start this long after :meth:`FaultInjector.start_clock` instead (a wall-clock timeline; ``at_progress`` 0)."""
     hold_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
     """How long the fault lasts; a burst ends after ``count`` requests or this long, whichever comes first."""
+    until_progress: Annotated[float, Field(ge=0, le=1)] | None = None
+    """End once this fraction of the prompts has finished instead of after ``hold_seconds`` (at the latest when the
+    injector closes)."""
     count: Annotated[int, Field(ge=0)] = 0
-    """Requests hit by a burst (5xx, 429, dropped connections)."""
+    """Requests hit by a burst (5xx, 429, dropped connections); 0 hits every request for the hold."""
     status: Annotated[int, Field(ge=400, le=599)] | None = None
     """The HTTP status of an error burst."""
     slow_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
+    flap_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+    """For ERROR_BURST_5XX: the shard flaps for the hold (see :attr:`SimFaults.flap_seconds`)."""
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> Fault:
+        if self.at_seconds is not None and self.at_progress:
+            raise ValueError("a fault starts at_progress or at_seconds, not both")
+        if self.until_progress is not None and self.until_progress < self.at_progress:
+            raise ValueError("until_progress must not be before at_progress")
+        if self.flap_seconds is not None and self.kind is not FaultKind.ERROR_BURST_5XX:
+            raise ValueError("flap_seconds applies to error_burst_5xx only")
+        return self
+
+    def active(self, seconds: float) -> bool:
+        """Whether a timed fault holds at ``seconds`` on its schedule's clock (a progress fault never does)."""
+        return self.at_seconds is not None and self.at_seconds <= seconds < self.at_seconds + self.hold_seconds
 
     def describe(self) -> str:
-        what = {
-            FaultKind.SHARD_KILL: f"SIGKILL, restart after {self.hold_seconds:g}s",
-            FaultKind.SHARD_HANG: f"SIGSTOP for {self.hold_seconds:g}s, then SIGCONT",
-            FaultKind.SHARD_SLOW: f"+{self.slow_seconds:g}s per request for {self.hold_seconds:g}s",
-            FaultKind.ERROR_BURST_5XX: f"next {self.count} requests answer {self.status} (<= {self.hold_seconds:g}s)",
-            FaultKind.RATE_LIMIT_429: f"next {self.count} requests answer HTTP 429 (<= {self.hold_seconds:g}s)",
-            FaultKind.CONNECTION_DROP: f"next {self.count} responses cut off mid-body (<= {self.hold_seconds:g}s)",
-            FaultKind.WRONG_MODEL: f"serves another model for {self.hold_seconds:g}s",
-            FaultKind.ENV_CRASH: "checkpoint, SIGKILL mid-episode, restart from the checkpoint directory",
-            FaultKind.ALL_SHARDS_DOWN: f"SIGKILL every shard, restart all after {self.hold_seconds:g}s",
-        }[self.kind]
-        return f"{self.kind.value} on {self.target} at {self.at_progress:.0%}: {what}"
+        until, hold = self.until_progress, self.hold_seconds
+        lasting = f"for {hold:g}s" if until is None else f"until {until:.0%}"
+        after = f"after {hold:g}s" if until is None else f"at {until:.0%}"
+        bound = f"(<= {hold:g}s)" if until is None else f"(until {until:.0%})"
+        status = "HTTP 429" if self.kind is FaultKind.RATE_LIMIT_429 else str(self.status or 503)
+        if self.flap_seconds is not None:
+            flap = self.flap_seconds
+            what = f"flaps, /health and generation answer 503 {flap:g}s of every {2 * flap:g}s, {lasting}"
+        elif self.kind is FaultKind.CONNECTION_DROP:
+            what = (
+                f"next {self.count} responses cut off mid-body {bound}"
+                if self.count
+                else f"every response cut off mid-body {lasting}"
+            )
+        elif self.kind in _BURST_KINDS:
+            what = (
+                f"next {self.count} requests answer {status} {bound}"
+                if self.count
+                else f"every request answers {status} {lasting}"
+            )
+        else:
+            what = {
+                FaultKind.SHARD_KILL: f"SIGKILL, restart {after}",
+                FaultKind.SHARD_HANG: f"SIGSTOP {lasting}, then SIGCONT",
+                FaultKind.SHARD_SLOW: f"+{self.slow_seconds:g}s per request {lasting}",
+                FaultKind.WRONG_MODEL: f"serves another model {lasting}",
+                FaultKind.ENV_CRASH: "checkpoint, SIGKILL mid-episode, restart from the checkpoint directory",
+                FaultKind.ALL_SHARDS_DOWN: f"SIGKILL every shard, restart all {after}",
+            }[self.kind]
+        at = f"{self.at_progress:.0%}" if self.at_seconds is None else f"{self.at_seconds:g}s"
+        return f"{self.kind.value} on {self.target} at {at}: {what}"
 
 
 class FaultSchedule(BaseModel):
@@ -136,7 +182,11 @@ class FaultSchedule(BaseModel):
 
     @classmethod
     def of(cls, faults: Sequence[Fault], seed: int | None = None) -> FaultSchedule:
-        return cls(seed=seed, faults=tuple(sorted(faults, key=lambda f: f.at_progress)))
+        return cls(seed=seed, faults=tuple(sorted(faults, key=lambda f: (f.at_progress, f.at_seconds or 0.0))))
+
+    def active(self, target: str, seconds: float) -> list[Fault]:
+        """The timed faults on ``target`` that hold at ``seconds`` on the schedule's clock."""
+        return [fault for fault in self.faults if fault.target == target and fault.active(seconds)]
 
     @classmethod
     def generate(
@@ -284,6 +334,8 @@ class InjectedFault:
     fault: Fault
     started: float
     ended: float | None = None
+    lifted: float | None = None
+    """When the hold ended and the undo (restart, SIGCONT, clearing) began; ``ended`` is once the undo is done."""
     detail: dict[str, Any] = field(default_factory=dict)
     applied: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     """Set once the fault is in effect (the shard is dead, hung, erroring...), before it is held."""
@@ -308,8 +360,11 @@ class FaultInjector:
     """Applies a :class:`FaultSchedule` to a fleet as a run progresses: call :meth:`advance` with the progress.
 
     ``advance`` starts every fault whose trigger was reached (each in its own task, serialised per target) and
-    returns at once; :meth:`close` cancels faults not yet finished and undoes what they did (resumes hung shards,
-    restarts killed ones, clears runtime faults), so nothing is left broken behind a run.
+    returns at once; faults timed in seconds start on their own once :meth:`start_clock` was called. :meth:`close`
+    cancels faults not yet finished and undoes what they did (resumes hung shards, restarts killed ones, clears
+    runtime faults), so nothing is left broken behind a run. ``observer`` sees each fault when it is in effect and
+    again when it has ended; ``before_apply`` runs right before a fault is applied (e.g. to read a shard's counters
+    before it is killed).
     """
 
     def __init__(
@@ -318,17 +373,25 @@ class FaultInjector:
         schedule: FaultSchedule,
         *,
         environments: Mapping[str, EnvironmentTarget] | None = None,
+        observer: Callable[[InjectedFault], None] | None = None,
+        before_apply: Callable[[Fault], Awaitable[None]] | None = None,
     ) -> None:
         self.fleet = fleet
         self.schedule = schedule
         self.environments = dict(environments or {})
         self.injected: list[InjectedFault] = []
         self.errors: list[str] = []
-        self._pending = list(schedule.faults)
+        self._observer = observer
+        self._before_apply = before_apply
+        self._pending = [fault for fault in schedule.faults if fault.at_seconds is None]
+        self._timed = sorted((f for f in schedule.faults if f.at_seconds is not None), key=lambda f: f.at_seconds or 0)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._timers: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._applied = 0
         self._applied_changed = asyncio.Event()
+        self._progress = 0.0
+        self._progressed = asyncio.Event()
         for fault in schedule.faults:
             if fault.kind is FaultKind.ENV_CRASH and fault.target not in self.environments:
                 raise ValueError(f"{fault.describe()}: no environment target named {fault.target!r}")
@@ -337,19 +400,38 @@ class FaultInjector:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._timed)
 
     @property
     def active(self) -> int:
         return sum(1 for task in self._tasks if not task.done())
 
     def advance(self, progress: float) -> None:
-        """Start every pending fault whose ``at_progress`` is at most ``progress``."""
+        """Start every pending fault whose ``at_progress`` is at most ``progress``; end those held until it."""
+        self._progress = max(self._progress, progress)
+        self._progressed.set()
         while self._pending and self._pending[0].at_progress <= progress:
-            fault = self._pending.pop(0)
-            task = asyncio.create_task(self._run(fault), name=f"chaos-{fault.kind.value}-{fault.target}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._pending.pop(0))
+
+    def start_clock(self) -> float:
+        """Start the clock of the faults timed in seconds (each starts ``at_seconds`` later); return its loop time."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for fault in self._timed:
+            timer = asyncio.create_task(self._start_at(t0 + (fault.at_seconds or 0.0), fault), name="chaos-clock")
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
+        return t0
+
+    async def _start_at(self, when: float, fault: Fault) -> None:
+        await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))  # the timeline is the clock
+        self._timed.remove(fault)
+        self._start(fault)
+
+    def _start(self, fault: Fault) -> None:
+        task = asyncio.create_task(self._run(fault), name=f"chaos-{fault.kind.value}-{fault.target}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def until_applied(self, count: int) -> None:
         """Wait until ``count`` faults are in effect (or were: a fault that could not be applied counts too)."""
@@ -358,14 +440,15 @@ class FaultInjector:
             await self._applied_changed.wait()
 
     async def wait(self) -> None:
-        """Wait for every started fault to end (and be undone)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Wait for every started fault (and, once the clock runs, every timed one) to end and be undone."""
+        while self._tasks or self._timers:
+            await asyncio.gather(*self._timers, *self._tasks, return_exceptions=True)
 
     async def close(self) -> None:
         """Drop faults not started; cancel running ones (each undoes itself); wait for them."""
         self._pending.clear()
-        for task in list(self._tasks):
+        self._timed.clear()
+        for task in [*self._timers, *self._tasks]:
             task.cancel()
         await self.wait()
 
@@ -381,6 +464,8 @@ class FaultInjector:
             record = InjectedFault(fault, started=loop.time())
             self.injected.append(record)
             try:
+                if self._before_apply is not None:
+                    await self._before_apply(fault)
                 await self._apply(fault, record)
             except asyncio.CancelledError:
                 raise
@@ -391,12 +476,16 @@ class FaultInjector:
             finally:
                 record.ended = loop.time()
                 self._mark_applied(record)
+                if self._observer is not None:
+                    self._observer(record)
 
     def _mark_applied(self, record: InjectedFault) -> None:
         if not record.applied.is_set():
             record.applied.set()
             self._applied += 1
             self._applied_changed.set()
+            if self._observer is not None and record.ended is None:
+                self._observer(record)
 
     async def _apply(self, fault: Fault, record: InjectedFault) -> None:
         fleet, name, kind = self.fleet, fault.target, fault.kind
@@ -407,19 +496,25 @@ class FaultInjector:
             fleet.hang(name)
             self._mark_applied(record)
             try:
-                await asyncio.sleep(fault.hold_seconds)
+                await self._hold(fault)
             finally:
+                record.lifted = asyncio.get_running_loop().time()
                 fleet.resume(name)
         elif kind is FaultKind.SHARD_SLOW:
             await fleet.set_faults(name, slow_seconds=fault.slow_seconds)
             await self._hold_then(record, self._clear(name, slow_seconds=0.0))
+        elif fault.flap_seconds is not None:
+            await fleet.set_faults(name, flap_seconds=fault.flap_seconds)
+            await self._hold_then(record, self._clear(name, flap_seconds=None))
         elif kind is FaultKind.CONNECTION_DROP:
-            await fleet.set_faults(name, drop_next=fault.count)
-            await self._hold_then(record, self._clear(name, drop_next=0))
+            drop: dict[str, Any] = {"drop_next": fault.count} if fault.count else {"drop_rate": 1.0}
+            await fleet.set_faults(name, **drop)
+            await self._hold_then(record, self._clear(name, **dict.fromkeys(drop, 0)))
         elif kind in _BURST_KINDS:
             status = 429 if kind is FaultKind.RATE_LIMIT_429 else (fault.status or 503)
-            await fleet.set_faults(name, fail_next=fault.count, error_status=status)
-            await self._hold_then(record, self._clear(name, fail_next=0))
+            burst: dict[str, Any] = {"fail_next": fault.count} if fault.count else {"error_rate": 1.0}
+            await fleet.set_faults(name, error_status=status, **burst)
+            await self._hold_then(record, self._clear(name, **dict.fromkeys(burst, 0)))
         elif kind is FaultKind.WRONG_MODEL:
             await fleet.set_faults(name, wrong_model=f"{fleet.model}-imposter")
             await self._hold_then(record, self._clear(name, wrong_model=None))
@@ -436,13 +531,22 @@ class FaultInjector:
         else:  # pragma: no cover - the enum is closed
             raise AssertionError(kind)
 
+    async def _hold(self, fault: Fault) -> None:
+        """Wait out the fault: ``hold_seconds``, or until the run's progress reaches ``until_progress``."""
+        if fault.until_progress is None:
+            await asyncio.sleep(fault.hold_seconds)
+            return
+        while self._progress < fault.until_progress:
+            self._progressed.clear()
+            await self._progressed.wait()
+
     async def _hold_then(self, record: InjectedFault, undo: Any) -> None:
         """Hold the fault, then undo it; undo also when cancelled (a run that ends leaves nothing broken)."""
-        fault = record.fault
         self._mark_applied(record)
         try:
-            await asyncio.sleep(fault.hold_seconds)
+            await self._hold(record.fault)
         finally:
+            record.lifted = asyncio.get_running_loop().time()
             await asyncio.shield(undo)
 
     async def _restart(self, name: str) -> None:

@@ -33,6 +33,7 @@ from rollout_runtime.environment import (
     handled_episode_failure,
     raise_for_dependency_status,
 )
+from rollout_runtime.sim.shard import arithmetic
 
 __all__ = [
     "ArithmeticRequest",
@@ -41,8 +42,8 @@ __all__ = [
     "MultiStepEnvironment",
     "MultiStepRequest",
     "MultiStepResponse",
-    "expected_answer",
     "last_integer",
+    "problem_value",
 ]
 
 _PROBLEM = re.compile(r"^\s*(-?\d{1,9})\s*([+\-*])\s*(-?\d{1,9})\s*$")
@@ -50,13 +51,15 @@ _INTEGER = re.compile(r"-?\d+")
 _DEPENDENCY_TIMEOUT = aiohttp.ClientTimeout(total=30.0, sock_connect=5.0)
 
 
-def expected_answer(problem: str) -> int:
-    """The value of ``"<int> <+|-|*> <int>"``; ValueError for anything else (nothing is ever eval'd)."""
+def problem_value(problem: str) -> int:
+    """The value of ``"<int> <+|-|*> <int>"``; ValueError for anything else (nothing is ever eval'd).
+
+    The sim model's :func:`~rollout_runtime.sim.shard.expected_answer` is the same value as text.
+    """
     match = _PROBLEM.fullmatch(problem)
     if match is None:
         raise ValueError(f"not a '<int> <op> <int>' problem: {problem[:100]!r}")
-    left, op, right = int(match[1]), match[2], int(match[3])
-    return left + right if op == "+" else left - right if op == "-" else left * right
+    return arithmetic(int(match[1]), match[2], int(match[3]))
 
 
 def last_integer(text: str) -> int | None:
@@ -126,7 +129,7 @@ class ArithmeticVerifier(BaseEnvironmentServer[ArithmeticRequest, ArithmeticResp
 
     async def run_episode(self, request: ArithmeticRequest, episode: EpisodeContext) -> ArithmeticResponse:
         try:
-            expected = expected_answer(request.problem)
+            expected = problem_value(request.problem)
         except ValueError as exc:
             raise handled_episode_failure("parse_problem", str(exc), terminal=True) from None
         answer = request.answer

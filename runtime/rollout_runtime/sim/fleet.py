@@ -1,31 +1,31 @@
 """A fleet of simulated shards as real subprocesses on 127.0.0.1, for the demo, integration tests and benchmarks.
 
-Each shard is ``python -m rollout_runtime.cli.sim_shard --port 0 --exit-with-parent``; the fleet reads the port from
-the shard's ``SIM_SHARD_READY`` line, then waits for ``/health``. Chaos is real: :meth:`SimFleet.kill` sends
-SIGKILL, :meth:`SimFleet.hang` SIGSTOP (the kernel still accepts connections, nobody answers), :meth:`SimFleet.resume`
-SIGCONT; :meth:`SimFleet.restart` brings a shard back on the same port, so its :class:`Shard` stays valid.
-Leaving the ``async with`` block stops every process by the pid the fleet started (SIGCONT, SIGTERM, then SIGKILL),
-and a shard whose parent dies exits by itself.
+Each shard is ``python -m rollout_runtime.cli.sim_shard --port 0 --exit-with-parent`` run as a
+:class:`~rollout_runtime.sim.process.ManagedProcess`; the fleet reads the port from the shard's ``SIM_SHARD_READY``
+line, then waits for ``/health``. Chaos is real: :meth:`SimFleet.kill` sends SIGKILL, :meth:`SimFleet.hang` SIGSTOP
+(the kernel still accepts connections, nobody answers), :meth:`SimFleet.resume` SIGCONT; :meth:`SimFleet.restart`
+brings a shard back on the same port, so its :class:`Shard` stays valid. Leaving the ``async with`` block stops
+every process by the pid the fleet started (SIGCONT, SIGTERM, then SIGKILL), and a shard whose parent dies exits by
+itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
+import functools
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from rollout_runtime.shards.model import Shard
+from rollout_runtime.sim.process import ManagedProcess, until
 from rollout_runtime.sim.shard import READY_PREFIX, SimFaults
 
 __all__ = ["SimFleet", "SimFleetError", "SimShardProcess"]
@@ -35,33 +35,31 @@ class SimFleetError(RuntimeError):
     """A sim shard failed to start or to take an order; the message includes the tail of its log."""
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 @dataclass
 class SimShardProcess:
-    """One shard: its Shard record, the current process (None when down), and its log file."""
+    """One shard: its Shard record, its port (kept across restarts) and its process."""
 
     shard: Shard
     port: int
-    log_path: Path
+    process: ManagedProcess
     args: tuple[str, ...] = ()
-    process: asyncio.subprocess.Process | None = None
-    stopped: bool = False
-    """True while SIGSTOPped by :meth:`SimFleet.hang`."""
-    _drain: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+        return self.process.pid
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
+        return self.process.running
+
+    @property
+    def stopped(self) -> bool:
+        """True while SIGSTOPped by :meth:`SimFleet.hang`."""
+        return self.process.stopped
 
 
 class SimFleet:
@@ -166,7 +164,7 @@ class SimFleet:
         member = SimShardProcess(
             shard=Shard(name=name, endpoint="http://127.0.0.1:1", model=self.model, max_model_len=self.max_model_len),
             port=0,
-            log_path=self.log_dir / f"{name}.log",
+            process=ManagedProcess(name, [], self.log_dir / f"{name}.log"),
             args=tuple(args),
         )
         self._members[name] = member
@@ -180,7 +178,8 @@ class SimFleet:
 
     async def _spawn(self, member: SimShardProcess) -> None:
         """Start the process, read its ready line (the port), wait for /health."""
-        argv = [
+        process = member.process
+        process.argv = [
             self._python,
             "-m",
             "rollout_runtime.cli.sim_shard",
@@ -189,65 +188,26 @@ class SimFleet:
             "--exit-with-parent",
             *member.args,
         ]
-        with member.log_path.open("ab") as log:
-            log.write(f"=== starting: {' '.join(argv)}\n".encode())
-            log.flush()
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,  # a terminal's ^C goes to us; we stop the shards ourselves
-            )
-        member.process = process
-        member.stopped = False
+        process.start()
         try:
             async with asyncio.timeout(self._startup_timeout):
-                info = await self._read_ready(member, process)
+                info = await process.wait_ready_line(READY_PREFIX, self._startup_timeout)
                 member.port = int(info["port"])
-                await self._wait_healthy(member)
+                healthy = functools.partial(self._healthy, member)
+                await until(healthy, timeout_seconds=self._startup_timeout, what="/health", process=process)
         except BaseException as exc:
-            await self._terminate(member)
-            if isinstance(exc, TimeoutError | SimFleetError | OSError | ValueError | KeyError):
+            await process.stop_async(0.0)
+            if isinstance(exc, TimeoutError | RuntimeError | OSError | ValueError | KeyError):
                 raise SimFleetError(
-                    f"sim shard {member.shard.name} did not become ready: {exc!r}\n{_tail(member.log_path)}"
+                    f"sim shard {member.shard.name} did not become ready: {exc!r}\n{process.tail(20)}"
                 ) from exc
             raise
-        member._drain = asyncio.create_task(self._drain_stdout(process), name=f"drain-{member.shard.name}")
 
-    @staticmethod
-    async def _read_ready(member: SimShardProcess, process: asyncio.subprocess.Process) -> dict[str, Any]:
-        assert process.stdout is not None
-        while True:
-            line = await process.stdout.readline()
-            if not line:
-                raise SimFleetError(f"exited with {await process.wait()} before printing its port")
-            text = line.decode(errors="replace").strip()
-            if text.startswith(READY_PREFIX):
-                info: dict[str, Any] = json.loads(text[len(READY_PREFIX) :])
-                return info
-
-    @staticmethod
-    async def _drain_stdout(process: asyncio.subprocess.Process) -> None:
-        """Keep reading stdout to EOF, so the pipe never fills and its transport closes with the process."""
-        assert process.stdout is not None
-        with contextlib.suppress(Exception):
-            while await process.stdout.read(65536):
-                pass
-
-    async def _wait_healthy(self, member: SimShardProcess) -> None:
-        url = f"http://127.0.0.1:{member.port}/health"
-        delay = 0.01
-        while True:
-            assert member.process is not None
-            if member.process.returncode is not None:
-                raise SimFleetError(f"exited with {member.process.returncode} while starting")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with self._http().get(url) as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(delay)  # polling an external process: there is no event to await
-            delay = min(delay * 2, 0.2)
+    async def _healthy(self, member: SimShardProcess) -> bool:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._http().get(f"http://127.0.0.1:{member.port}/health") as response:
+                return response.status == 200
+        return False
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -256,7 +216,7 @@ class SimFleet:
 
     async def stop(self) -> None:
         """Stop every shard by pid; close the session; remove the log directory if the fleet made it."""
-        await asyncio.gather(*(self._terminate(m) for m in self._members.values()), return_exceptions=True)
+        await asyncio.gather(*(m.process.stop_async(2.0) for m in self._members.values()), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -264,73 +224,32 @@ class SimFleet:
             shutil.rmtree(self._log_dir, ignore_errors=True)
             self._log_dir = None
 
-    async def _terminate(self, member: SimShardProcess, *, grace: float = 2.0) -> None:
-        process = member.process
-        if process is None:
-            return
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)
-                process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=grace)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-        await self._reap(member)
-
-    @staticmethod
-    async def _reap(member: SimShardProcess) -> None:
-        if member._drain is not None:
-            with contextlib.suppress(Exception):
-                await member._drain
-            member._drain = None
-        member.stopped = False
-
     # ------------------------------------------------------------------------------------------ chaos
 
     async def kill(self, name: str) -> int | None:
         """SIGKILL the shard and wait for it to be gone; return its exit status."""
-        member = self._member(name)
-        process = member.process
-        if process is None:
-            return None
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-        status = await process.wait()
-        await self._reap(member)
-        return status
+        return await self._member(name).process.kill_async()
 
     async def wait_exit(self, name: str) -> int | None:
         """Wait for the shard's process to exit by itself (after a crash fault); return its status."""
-        member = self._member(name)
-        if member.process is None:
-            return None
-        status = await member.process.wait()
-        await self._reap(member)
-        return status
+        process = self._member(name).process
+        return await process.wait_async() if process.popen is not None else None
 
     def hang(self, name: str) -> None:
         """SIGSTOP the shard: connections are still accepted by the kernel, nothing answers."""
-        member = self._member(name)
-        if not member.alive or member.pid is None:
-            raise SimFleetError(f"cannot hang {name}: it is not running")
-        os.kill(member.pid, signal.SIGSTOP)
-        member.stopped = True
+        try:
+            self._member(name).process.hang()
+        except RuntimeError as exc:
+            raise SimFleetError(str(exc)) from None
 
     def resume(self, name: str) -> None:
         """SIGCONT a hung shard."""
-        member = self._member(name)
-        if member.alive and member.pid is not None:
-            os.kill(member.pid, signal.SIGCONT)
-        member.stopped = False
+        self._member(name).process.resume()
 
     async def restart(self, name: str, *, faults: SimFaults | None = None) -> Shard:
         """Kill the shard if it runs, start it again on the same port, wait until it answers /health."""
         member = self._member(name)
-        await self._terminate(member, grace=0.0)
+        await member.process.stop_async(0.0)
         await self._spawn(member)
         if faults is not None:
             await self.set_faults(name, faults)

@@ -35,9 +35,11 @@ __all__ = [
     "READY_PREFIX",
     "SimFaults",
     "SimShardConfig",
+    "arithmetic",
     "count_tokens",
     "create_app",
     "expected_answer",
+    "flap_is_down",
     "vllm_context_length_message",
 ]
 
@@ -100,9 +102,19 @@ class SimShardConfig(BaseModel):
     faults: SimFaults = Field(default_factory=SimFaults)
 
 
+def flap_is_down(elapsed_seconds: float, flap_seconds: float) -> bool:
+    """Whether a shard flapping since ``elapsed_seconds`` ago is down: ``flap_seconds`` up, then down, and so on."""
+    return int(elapsed_seconds / flap_seconds) % 2 == 1
+
+
 def count_tokens(text: str) -> int:
     """The sim's tokenizer: whitespace-separated words."""
     return len(text.split())
+
+
+def arithmetic(left: int, op: str, right: int) -> int:
+    """``left op right`` for op one of + - * (the sim model and the sim verifier compute answers alike)."""
+    return left + right if op == "+" else left - right if op == "-" else left * right
 
 
 def expected_answer(prompt: str) -> str:
@@ -115,8 +127,7 @@ def expected_answer(prompt: str) -> str:
     matches = _ARITHMETIC.findall(prompt)
     if matches:
         a, op, b = matches[-1]
-        x, y = int(a), int(b)
-        return str(x + y if op == "+" else x - y if op == "-" else x * y)
+        return str(arithmetic(int(a), op, int(b)))
     _, sep, tail = prompt.partition("reverse:")
     if sep:
         return " ".join(reversed(tail.split()))
@@ -212,7 +223,7 @@ class SimShard:
         period = self.faults.flap_seconds
         if period is None:
             return False
-        return int((self._clock() - self._faults_set_at) / period) % 2 == 1
+        return flap_is_down(self._clock() - self._faults_set_at, period)
 
     @property
     def served_model(self) -> str:
