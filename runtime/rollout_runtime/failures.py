@@ -60,6 +60,7 @@ __all__ = [
     "RolloutTimeout",
     "classify_rollout_failure",
     "describe_failure",
+    "exception_text",
     "failure_contains",
     "failure_type",
     "http_status_is_infra",
@@ -364,8 +365,8 @@ def failure_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _safe_str(exc: BaseException) -> str:
-    """The exception's text; for an HTTP response error, its status and the server's own message."""
+def exception_text(exc: BaseException) -> str:
+    """The exception's text, never raising; for an HTTP response error, its status and the server's own message."""
     try:
         status, message = _http_status(exc), getattr(exc, "message", None)
         if status is not None and isinstance(message, str) and not isinstance(exc, RolloutFailure):
@@ -386,7 +387,7 @@ def describe_failure(exc: BaseException, *, name_head: bool = True) -> str:
     """
     parts: list[str] = []
     for link in _links(exc, set()):
-        text = _safe_str(link)
+        text = exception_text(link)
         named = name_head or link is not exc
         parts.append(f"{failure_type(link)}: {text}" if named and text else text if text else failure_type(link))
     return " <- ".join(parts)
@@ -401,7 +402,7 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
     """
     if isinstance(exc, RolloutRedispatchExhausted | RolloutStall):
         return exc
-    if _is_ours(exc) and exc.__cause__ is None and len(_safe_str(exc)) <= MAX_MESSAGE_CHARS:
+    if _is_ours(exc) and exc.__cause__ is None and len(exception_text(exc)) <= MAX_MESSAGE_CHARS:
         return exc  # already a plain, picklable taxonomy member: converting again would only re-wrap its text
     try:
         status = next((s for s in (_http_status(link) for link in _links(exc, set())) if s is not None), None)

@@ -18,6 +18,7 @@ from rollout_runtime.failures import (
     MAX_MESSAGE_CHARS,
     FailureClass,
     classify_rollout_failure,
+    exception_text,
     http_status_is_infra,
 )
 from rollout_runtime.redaction import safe_message
@@ -109,11 +110,4 @@ def _describe(error: BaseException) -> str:
         url = getattr(getattr(error, "request_info", None), "real_url", None)
         text = f"HTTP {error.status} {error.message}".strip()
         return f"{text} from {url}" if url else text
-    return _safe_str(error).strip() or type(error).__name__
-
-
-def _safe_str(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:
-        return f"<unprintable {type(error).__name__}>"
+    return exception_text(error).strip() or type(error).__name__
