@@ -28,9 +28,8 @@ response headers, for one) makes Ray replace the whole error with a bare one tha
 status; the driver is then guessing. :func:`to_picklable_failure` and the :func:`picklable_failures`
 decorator convert a failure into a picklable member of this taxonomy *before* it crosses.
 
-One decision about HTTP statuses exists, :func:`http_status_is_infra`, backed by one table,
-``_RETRIABLE_HTTP_STATUSES``; the environment side's ``is_retryable_dependency_status`` uses the same
-object, so the generation and environment sides can never drift apart.
+One decision about HTTP statuses exists, :func:`http_status_is_infra`; the environment side's
+``is_retryable_dependency_status`` calls it, so the generation and environment sides can never drift apart.
 """
 
 from __future__ import annotations
