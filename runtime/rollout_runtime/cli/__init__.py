@@ -29,7 +29,6 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "Run the fleet operator (kopf) against the current kubeconfig or in-cluster service account.",
     ),
     "status": ("fleet_operator.cli:status", "Show a RolloutFleet's health as a table."),
-    "dashboards": ("fleet_operator.dashboards:dashboards", "Generate the Grafana dashboards as JSON."),
 }
 
 
