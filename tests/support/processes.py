@@ -102,11 +102,12 @@ class ManagedProcess:
         _LIVE.add(self)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM the pid and wait; SIGKILL it if it does not exit in time. Idempotent."""
+        """SIGTERM (and SIGCONT) the pid and wait; SIGKILL it if it does not exit in time. Idempotent."""
         if self.popen is None or self.popen.poll() is not None:
             _LIVE.discard(self)
             return
         self.popen.send_signal(signal.SIGTERM)
+        self.popen.send_signal(signal.SIGCONT)  # a frozen (SIGSTOPped) process acts on its SIGTERM only once resumed
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
