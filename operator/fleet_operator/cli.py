@@ -11,10 +11,12 @@ from pathlib import Path
 
 import click
 
+from rollout_runtime.cli.options import command_help
+
 __all__ = ["crds", "operator", "status"]
 
 
-@click.command()
+@click.command(help=command_help("crds"))
 @click.option(
     "--output-dir",
     "-o",
@@ -24,7 +26,6 @@ __all__ = ["crds", "operator", "status"]
 )
 @click.option("--check", is_flag=True, help="Exit 1 if the files in --output-dir differ from the generated ones.")
 def crds(output_dir: Path | None, check: bool) -> None:
-    """Print (or write) the CustomResourceDefinitions generated from the models."""
     from fleet_operator.crds import crd_files, generate_crds, write_crds
 
     generated = generate_crds()
@@ -45,14 +46,14 @@ def crds(output_dir: Path | None, check: bool) -> None:
         click.echo(f"wrote {path}")
 
 
-@click.command()
+@click.command(
+    help=command_help(
+        "operator", "Configuration comes from FLEET_OPERATOR_* environment variables (see fleet_operator.settings)."
+    )
+)
 @click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch only these namespaces (repeatable).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def operator(namespaces: tuple[str, ...], verbose: bool) -> None:
-    """Run the fleet operator (kopf) against the current kubeconfig or in-cluster service account.
-
-    Configuration comes from FLEET_OPERATOR_* environment variables (see fleet_operator.settings).
-    """
     from fleet_operator.runner import run_operator
     from fleet_operator.settings import InvalidSettings, load_settings
 
@@ -67,12 +68,11 @@ def operator(namespaces: tuple[str, ...], verbose: bool) -> None:
     sys.exit(asyncio.run(run_operator(settings)))
 
 
-@click.command()
+@click.command(help=command_help("status", "Its shards and environment servers: phase, latency, last error."))
 @click.argument("fleet")
 @click.option("--namespace", "-n", default=None, help="The fleet's namespace (default: the kubeconfig's).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def status(fleet: str, namespace: str | None, kubeconfig: Path | None) -> None:
-    """Show a RolloutFleet's health as a table: its shards and environment servers, phase, latency, last error."""
     from fleet_operator.status_table import show_fleet_status
 
     sys.exit(asyncio.run(show_fleet_status(fleet, namespace=namespace, kubeconfig=kubeconfig)))

@@ -28,14 +28,13 @@ response headers, for one) makes Ray replace the whole error with a bare one tha
 status; the driver is then guessing. :func:`to_picklable_failure` and the :func:`picklable_failures`
 decorator convert a failure into a picklable member of this taxonomy *before* it crosses.
 
-One decision about HTTP statuses exists, :func:`http_status_is_infra`, backed by one table,
-``_RETRIABLE_HTTP_STATUSES``; the environment side's ``is_retryable_dependency_status`` uses the same
-object, so the generation and environment sides can never drift apart.
-
 One walk reads a failure: the exception, its ``__cause__`` chain and its exception-group members, bounded and
 cycle-safe. :func:`diagnose` returns everything a dispatcher decides from one failed attempt as a
 :class:`Diagnosis` (class, type label, whether it blames the shard, whether it is terminal, the reason);
 :func:`classify_rollout_failure`, :func:`failure_contains` and :func:`describe_failure` are views of the same walk.
+
+One decision about HTTP statuses exists, :func:`http_status_is_infra`; the environment side's
+``is_retryable_dependency_status`` calls it, so the generation and environment sides can never drift apart.
 """
 
 from __future__ import annotations
@@ -68,6 +67,7 @@ __all__ = [
     "classify_rollout_failure",
     "describe_failure",
     "diagnose",
+    "exception_text",
     "failure_contains",
     "failure_type",
     "http_status_is_infra",
@@ -460,8 +460,8 @@ def failure_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _safe_str(exc: BaseException) -> str:
-    """The exception's text; for an HTTP response error, its status and the server's own message."""
+def exception_text(exc: BaseException) -> str:
+    """The exception's text, never raising; for an HTTP response error, its status and the server's own message."""
     try:
         status, message = _http_status(exc), getattr(exc, "message", None)
         if status is not None and isinstance(message, str) and not isinstance(exc, RolloutFailure):
@@ -486,7 +486,7 @@ def describe_failure(exc: BaseException, *, name_head: bool = True) -> str:
 def _describe(exc: BaseException, chain: list[BaseException], *, name_head: bool) -> str:
     parts: list[str] = []
     for link in chain:
-        text = _safe_str(link)
+        text = exception_text(link)
         named = name_head or link is not exc
         parts.append(f"{failure_type(link)}: {text}" if named and text else text if text else failure_type(link))
     return " <- ".join(parts)
@@ -501,7 +501,7 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
     """
     if isinstance(exc, RolloutRedispatchExhausted | RolloutStall):
         return exc
-    if _is_ours(exc) and exc.__cause__ is None and len(_safe_str(exc)) <= MAX_MESSAGE_CHARS:
+    if _is_ours(exc) and exc.__cause__ is None and len(exception_text(exc)) <= MAX_MESSAGE_CHARS:
         return exc  # already a plain, picklable taxonomy member: converting again would only re-wrap its text
     try:
         trace = _walk(exc)

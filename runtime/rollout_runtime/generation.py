@@ -158,7 +158,7 @@ class GenerationClient:
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 async with self._get_session().post(url, json=payload, timeout=self._timeout) as response:
-                    body = await self._readsafe_message(response, where)
+                    body = await self._read_bounded(response, where)
                     status = response.status
         except TimeoutError as exc:
             raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
@@ -171,7 +171,7 @@ class GenerationClient:
             self._raise_for_status(status, body, where)
         return body
 
-    async def _readsafe_message(self, response: aiohttp.ClientResponse, where: str) -> bytes:
+    async def _read_bounded(self, response: aiohttp.ClientResponse, where: str) -> bytes:
         limit = self.max_response_bytes
         too_large = f"{where}: response larger than {limit} bytes"
         if response.content_length is not None and response.content_length > limit:

@@ -49,7 +49,9 @@ async def test_every_prompt_ends_exactly_once_while_seeded_faults_hit_the_fleet(
     assert summary["data_failed"] == summary["prompt_kinds"].get("over_long", 0) + summary["prompt_kinds"].get(
         "bad_problem", 0
     )
-    # Episodes the environment checkpointed before its crash continued from the checkpoint after the restart.
+    # Episodes the environment checkpointed before its crash continued from the checkpoint after the restart; the
+    # crash must have caught some, or this would pass at 0/0 without showing anything.
+    assert summary["checkpointed_episodes"] > 0, "the environment crash found no checkpointed episode in flight"
     assert summary["resumed_from_checkpoint"] >= summary["checkpointed_episodes"]
 
 

@@ -20,7 +20,8 @@ from rollout_runtime.generation import GenerationClient
 from rollout_runtime.shards import KubernetesShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
 from support.controlplane import ControlPlane
-from support.dispatch import assert_accounted, by_kind
+from support.deadlines import within
+from support.dispatch import assert_accounted, by_kind, collect
 from support.operator import OperatorProcess, api_client, status_of, wait_for_object
 
 pytestmark = pytest.mark.e2e
@@ -194,11 +195,13 @@ async def test_trainer_dispatcher_following_the_fleet_completes_a_batch_while_sh
             async with Dispatcher(source, policy, seed=0) as dispatcher:
                 chaos_task = asyncio.create_task(chaos())
                 run = dispatcher.run(batch, rollout)
-                outcomes = [outcome async for outcome in run]
-                await chaos_task
+                outcomes = await collect(run, seconds=120)
+                await within(chaos_task, "the kill and the hang to be injected")
                 fleet.resume("shard-2")
 
     assert_accounted(run, outcomes, range(len(batch)))
+    # The faults must have hit attempts (a kill or hang that found nothing in flight would prove nothing).
+    assert run.stats.redispatches > 0, run.stats
     completed = by_kind(outcomes)["completed"]
     assert len(completed) == len(batch)
     for outcome in completed:

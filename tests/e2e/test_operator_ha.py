@@ -16,6 +16,7 @@ from kubernetes_asyncio import client
 from rollout_runtime.shards import HealthySet, KubernetesShardSource
 from rollout_runtime.sim import SimFleet
 from support.controlplane import ControlPlane
+from support.deadlines import within
 from support.operator import (
     API,
     OperatorProcess,
@@ -101,8 +102,7 @@ async def test_the_trainer_source_relists_after_410_gone_and_keeps_following(
         assert (first.revision, first.names()) == ("r1", frozenset({"s1"}))
         status["revision"], status["shards"] = "r2", []
         patch_status(fleet_crds, ns, status)
-        async with asyncio.timeout(60):
-            second = await anext(snapshots)
+        second = await within(anext(snapshots), "the source's snapshot after the 410 Gone relist", 60)
     assert (second.revision, second.shards) == ("r2", ())
     assert source.relists == 2, "the stale watch got 410 Gone and the source listed again"
 

@@ -28,6 +28,7 @@ from rollout_runtime.shards import KubernetesShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
 from support.chaos import report_dir
 from support.controlplane import ControlPlane
+from support.deadlines import deadline, within
 from support.dispatch import assert_accounted, by_kind
 from support.operator import OperatorProcess, api_client, fleet_objects, status_of, wait_for_object
 from support.processes import wait_until
@@ -74,7 +75,10 @@ class View:
     async def until(self, predicate: Callable[[frozenset[str]], bool], guard_seconds: float = 120.0) -> float:
         """Wait until the view satisfies ``predicate``; the seconds it took (recorded, never asserted)."""
         started = time.monotonic()
-        async with asyncio.timeout(guard_seconds):
+        async with deadline(
+            lambda: f"the trainer's healthy set to reach the expected state; it is {sorted(self.healthy)}",
+            guard_seconds,
+        ):
             while not predicate(self.healthy):
                 self.changed.clear()
                 await self.changed.wait()
@@ -143,7 +147,9 @@ async def test_the_dispatcher_keeps_going_through_apiserver_etcd_and_operator_cr
 
                 consumer = asyncio.create_task(consume())
                 await view.until(lambda healthy: healthy == everyone)
-                await halfway.wait()
+                await within(
+                    halfway.wait(), lambda: f"{GATE_AT} prompts to complete before the faults; {done} did", 120
+                )
 
                 async def fault(name: str, action: Callable[[], Any]) -> None:
                     started = time.monotonic()
@@ -201,7 +207,7 @@ async def test_the_dispatcher_keeps_going_through_apiserver_etcd_and_operator_cr
                     }
                 )
                 gate.set()
-                outcomes = await consumer
+                outcomes = await within(consumer, lambda: f"the run to end after the gate opened ({run.stats})", 120)
                 assert second.process.running, second.log_tail()
         finally:
             for operator in operators:

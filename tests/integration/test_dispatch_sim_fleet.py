@@ -29,7 +29,7 @@ from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFaults, SimFleet, expected_answer
-from support.dispatch import assert_accounted, by_kind
+from support.dispatch import assert_accounted, by_kind, collect
 
 # Fast probes so a dead or hung shard leaves the healthy set within about a second, even on a loaded box.
 PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
@@ -97,7 +97,7 @@ class Harness:
         run = self.dispatcher.run(batch, self.rollout)
         chaos_task = asyncio.create_task(chaos()) if chaos is not None else None
         try:
-            outcomes = [outcome async for outcome in run]
+            outcomes = await collect(run)
         finally:
             if chaos_task is not None and not chaos_task.done():
                 chaos_task.cancel()

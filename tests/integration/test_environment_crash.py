@@ -24,6 +24,7 @@ from rollout_runtime.failures import (
 )
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import MultiStepResponse
+from support.deadlines import within
 
 VALUES = [1, 2, 3, 4, 5]
 TOTALS = [1, 3, 6, 10, 15]
@@ -116,7 +117,7 @@ async def _crash_mid_episode(
     reached, release = tool.hold(str(request["episode_id"]), 2)
     async with EnvironmentClient(first.url) as client:
         attempt = asyncio.create_task(client.run_episode(request, MultiStepResponse))
-        await reached.wait()  # step 2 is in flight on the tool server
+        await within(reached.wait(), "step 2 to reach the tool server")  # step 2 is in flight there
         await client.begin_checkpoint()
         release.set()  # step 2 finishes; the episode records "apply-3" and parks
         manifest = await client.open_checkpoint()
@@ -163,7 +164,7 @@ async def test_a_restart_only_episode_starts_over_from_its_input_after_a_crash(
     reached, release = tool.hold("restart-1", 2)
     async with EnvironmentClient(first.url) as client:
         attempt = asyncio.create_task(client.run_episode(request, MultiStepResponse))
-        await reached.wait()
+        await within(reached.wait(), "step 2 to reach the tool server")
 
         manifest = await client.open_checkpoint()  # returns although the episode is busy: it never holds one up
 

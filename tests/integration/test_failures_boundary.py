@@ -63,7 +63,8 @@ def test_context_length_reason_survives_the_crossing(pool: ProcessPoolExecutor) 
 @pytest.fixture(scope="module")
 def ray_actor() -> Iterator[object]:
     """A real Ray actor in a local cluster on 127.0.0.1; the pytest process gets its signal handler back after."""
-    ray = pytest.importorskip("ray", reason="the `ray` extra is part of the test environment")
+    import ray  # the `ray` extra is part of the test environment; imported here because it is slow to import
+
     sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own and shutdown does not restore it
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
@@ -11,6 +10,7 @@ import pytest
 from rollout_runtime.health import HealthPhase, ProbeReason, ProbeSettings
 from rollout_runtime.shards import HealthySet, LocalShardSource, Shard, ShardSource
 from rollout_runtime.sim import SimFaults, SimFleet
+from support.deadlines import deadline
 
 FAST = ProbeSettings(period_seconds=0.5, timeout_seconds=0.4, failure_threshold=2, success_threshold=2)
 GUARD_SECONDS = 60  # a hang guard, not a timing assertion
@@ -22,10 +22,14 @@ async def until(
     seen: list[HealthySet] | None = None,
 ) -> HealthySet:
     """Consume snapshots until one satisfies ``condition``; record every snapshot in ``seen``."""
-    async with asyncio.timeout(GUARD_SECONDS):
+    recorded = seen if seen is not None else []
+
+    def waited_for() -> str:
+        return f"a snapshot satisfying the condition; the last was {recorded[-1:]}"
+
+    async with deadline(waited_for, GUARD_SECONDS):
         async for snapshot in snapshots:
-            if seen is not None:
-                seen.append(snapshot)
+            recorded.append(snapshot)
             if condition(snapshot):
                 return snapshot
     raise AssertionError("the snapshot stream ended")

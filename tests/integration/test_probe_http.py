@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from rollout_runtime.health import HttpProber, ProbeReason, ProbeSettings, ProbeTargetPolicy
 from rollout_runtime.health import probe as probe_module
-from rollout_runtime.shards import Shard
 from support.httpserver import refused_url, serve
 
 FAST = ProbeSettings(period_seconds=1.0, timeout_seconds=0.5)
@@ -70,10 +69,10 @@ async def test_healthy_shard_serving_the_expected_model_passes(prober: HttpProbe
     assert result.at > 0
 
 
-async def test_probe_shard_checks_the_shards_model(prober: HttpProber) -> None:
+async def test_the_model_list_is_checked_only_when_a_model_is_expected(prober: HttpProber) -> None:
     async with serve(shard_app(models=models_body("other"))) as url:
-        ok = await prober.probe_shard(Shard(name="s", endpoint=url), FAST)
-        wrong = await prober.probe_shard(Shard(name="s", endpoint=url, model=MODEL), FAST)
+        ok = await prober.probe(url, FAST, expected_model=None)
+        wrong = await prober.probe(url, FAST, expected_model=MODEL)
     assert ok.ok  # no model named: health only
     assert wrong.reason is ProbeReason.WRONG_MODEL
 

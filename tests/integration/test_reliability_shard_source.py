@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from rollout_runtime.shards import HealthySet, KubernetesShardSource
+from support.deadlines import within
 
 PATH = "/apis/rolloutfleet.dev/v1alpha1/namespaces/ns/rolloutfleets"
 
@@ -136,8 +137,7 @@ async def apiserver(tmp_path: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]
 
 
 async def _next(snapshots: AsyncIterator[HealthySet]) -> HealthySet:
-    async with asyncio.timeout(30):  # a guard against a hung test only
-        return await anext(snapshots)
+    return await within(anext(snapshots), "the source's next snapshot", 30)
 
 
 async def _watching(fake: FakeApiServer) -> None:

@@ -12,10 +12,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rollout_runtime.health import HttpProber, ProbeReason, ProbeSettings, ProbeTargetPolicy
+from rollout_runtime.health import HttpProber, ProbeReason, ProbeResult, ProbeSettings, ProbeTargetPolicy
+from rollout_runtime.shards import Shard
 from rollout_runtime.sim import SimFaults, SimFleet, SimFleetError
 
 PROBE = ProbeSettings(period_seconds=1.0, timeout_seconds=0.5)
+
+
+async def probe(prober: HttpProber, shard: Shard) -> ProbeResult:
+    """Probe a shard as the health monitor does: its health path, then its model when it names one."""
+    return await prober.probe(shard.endpoint, PROBE, expected_model=shard.model or None)
 
 
 def gone(pid: int) -> bool:
@@ -35,7 +41,7 @@ async def test_fleet_starts_shards_on_kernel_ports_and_stops_every_pid_on_exit()
         pids = [fleet.pid(name) for name in fleet.names]
         endpoints = {shard.endpoint for shard in fleet.shards}
         assert len(endpoints) == 2
-        results = [await prober.probe_shard(shard, PROBE) for shard in fleet.shards]
+        results = [await probe(prober, shard) for shard in fleet.shards]
         assert all(r.ok for r in results), results
         log_dir = fleet.log_dir
     assert all(pid is not None and gone(pid) for pid in pids)
@@ -48,20 +54,20 @@ async def test_killed_shard_refuses_connections_and_restarts_on_the_same_endpoin
         old_pid = fleet.pid(shard.name)
         assert await fleet.kill(shard.name) == -signal.SIGKILL
         assert not fleet.alive(shard.name)
-        assert (await prober.probe_shard(shard, PROBE)).reason is ProbeReason.CONNECT
+        assert (await probe(prober, shard)).reason is ProbeReason.CONNECT
         restarted = await fleet.restart(shard.name)
         assert restarted == shard
         assert fleet.pid(shard.name) != old_pid
-        assert (await prober.probe_shard(shard, PROBE)).ok
+        assert (await probe(prober, shard)).ok
 
 
 async def test_stopped_shard_times_out_probes_until_resumed() -> None:
     async with SimFleet(1) as fleet, HttpProber(ProbeTargetPolicy.local()) as prober:
         (shard,) = fleet.shards
         fleet.hang(shard.name)
-        assert (await prober.probe_shard(shard, PROBE)).reason is ProbeReason.TIMEOUT
+        assert (await probe(prober, shard)).reason is ProbeReason.TIMEOUT
         fleet.resume(shard.name)
-        assert (await prober.probe_shard(shard, PROBE)).ok
+        assert (await probe(prober, shard)).ok
 
 
 async def test_crash_fault_makes_the_process_exit() -> None:
@@ -88,7 +94,7 @@ async def test_cli_flags_set_the_initial_faults() -> None:
         SimFleet(1, model="m", extra_args=("--wrong-model", "other")) as fleet,
         HttpProber(ProbeTargetPolicy.local()) as prober,
     ):
-        result = await prober.probe_shard(fleet.shards[0], PROBE)
+        result = await probe(prober, fleet.shards[0])
     assert result.reason is ProbeReason.WRONG_MODEL
     assert "'m'" in result.message
     assert "'other'" in result.message
@@ -99,9 +105,9 @@ async def test_set_faults_through_the_fleet_reaches_the_shard() -> None:
         (shard,) = fleet.shards
         faults = await fleet.set_faults(shard.name, unhealthy=True)
         assert faults.unhealthy
-        assert (await prober.probe_shard(shard, PROBE)).reason is ProbeReason.STATUS
+        assert (await probe(prober, shard)).reason is ProbeReason.STATUS
         await fleet.clear_faults()
-        assert (await prober.probe_shard(shard, PROBE)).ok
+        assert (await probe(prober, shard)).ok
         with pytest.raises(SimFleetError, match="error_rate"):
             await fleet.set_faults(shard.name, error_rate=5)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rollout_runtime.dispatch import Completed, DataFailed, DispatchRun, Outcome, Skipped
 from rollout_runtime.shards import HealthySet, Shard
+from support.deadlines import deadline
 
 
 def make_shard(name: str, weight: float = 1.0) -> Shard:
@@ -73,18 +74,30 @@ def echo_rollout(log: AttemptLog | None = None) -> Callable[[Shard, Any], Any]:
     return rollout
 
 
-async def collect(run: DispatchRun[Any, Any]) -> list[Outcome[Any, Any]]:
-    return [outcome async for outcome in run]
+def _run_state(run: DispatchRun[Any, Any], outcomes: list[Outcome[Any, Any]]) -> Callable[[], str]:
+    return lambda: f"the run to end ({len(outcomes)} outcomes delivered; {run.stats})"
 
 
-async def collect_until_error(run: DispatchRun[Any, Any]) -> tuple[list[Outcome[Any, Any]], BaseException | None]:
-    """The outcomes a run delivered before it raised, and what it raised (None if it ended normally)."""
+async def collect(run: DispatchRun[Any, Any], *, seconds: float | None = None) -> list[Outcome[Any, Any]]:
+    """Every outcome of the run; a run that stops delivering fails the test (see :func:`support.deadlines.deadline`)."""
     outcomes: list[Outcome[Any, Any]] = []
-    try:
+    async with deadline(_run_state(run, outcomes), seconds):
         async for outcome in run:
             outcomes.append(outcome)
-    except Exception as exc:
-        return outcomes, exc
+    return outcomes
+
+
+async def collect_until_error(
+    run: DispatchRun[Any, Any], *, seconds: float | None = None
+) -> tuple[list[Outcome[Any, Any]], BaseException | None]:
+    """The outcomes a run delivered before it raised, and what it raised (None if it ended normally)."""
+    outcomes: list[Outcome[Any, Any]] = []
+    async with deadline(_run_state(run, outcomes), seconds):
+        try:
+            async for outcome in run:
+                outcomes.append(outcome)
+        except Exception as exc:
+            return outcomes, exc
     return outcomes, None
 
 

@@ -29,6 +29,7 @@ from rollout_runtime.kube.errors import api_error_is_transient
 from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 from rollout_runtime.shards import Shard
 from support.controlplane import ControlPlane
+from support.deadlines import deadline
 from support.processes import ManagedProcess, free_port
 
 ROLLOUT_FLEET_CLI = Path(sys.executable).parent / "rollout-fleet"
@@ -65,11 +66,18 @@ async def wait_for_object(
 ) -> dict[str, Any]:
     """The first version of the object (current, or arriving by watch) for which ``predicate`` holds.
 
-    ``guard_seconds`` only guards against a hung test; nothing is asserted about how long it took.
+    ``guard_seconds`` only guards against a hung test; nothing is asserted about how long it took. If it runs out,
+    the test fails showing the last version of the object it saw (or that it never saw one).
     """
     custom = client.CustomObjectsApi(api)
     selector = f"metadata.name={name}"
-    async with asyncio.timeout(guard_seconds):
+    last: list[Mapping[str, Any]] = []
+
+    def waited_for() -> str:
+        seen = f"last seen: {_summary(last[-1])}" if last else "the object never appeared"
+        return f"{plural} {namespace}/{name} to satisfy the predicate; {seen}"
+
+    async with deadline(waited_for, guard_seconds):
         while True:
             try:
                 listing = await custom.list_namespaced_custom_object(
@@ -81,6 +89,7 @@ async def wait_for_object(
                 await asyncio.sleep(0.5)  # retry pause, not synchronisation
                 continue
             for item in listing["items"]:
+                last.append(item)
                 if predicate(item):
                     return dict(item)
             response = await custom.list_namespaced_custom_object(
@@ -97,12 +106,25 @@ async def wait_for_object(
             try:
                 while line := await response.content.readline():
                     event = json.loads(line)
-                    if event["type"] in ("ADDED", "MODIFIED") and predicate(event["object"]):
-                        return dict(event["object"])
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        last.append(event["object"])
+                        if predicate(event["object"]):
+                            return dict(event["object"])
             except aiohttp.ClientError:
                 continue  # the watch broke (API server restarting): list again
             finally:
                 response.release()
+
+
+def _summary(obj: Mapping[str, Any], limit: int = 2000) -> str:
+    """An object's resourceVersion, spec and status as bounded JSON: what a failed wait needs to explain itself."""
+    shown = {
+        "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion"),
+        "spec": obj.get("spec"),
+        "status": obj.get("status"),
+    }
+    text = json.dumps(shown, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,12 +213,14 @@ class OperatorProcess:
 
     async def wait_role(self, role: str, guard_seconds: float = 60.0) -> None:
         """Wait until /readyz reports ``role`` (the process is external: its endpoint is the only signal)."""
-        async with asyncio.timeout(guard_seconds):
+        seen: list[str] = []
+        async with deadline(lambda: f"operator {self.identity} to be {role}; /readyz said {seen[-1:]}", guard_seconds):
             while True:
                 if not self.process.running:
                     raise RuntimeError(f"operator {self.identity} exited:\n{self.log_tail()}")
                 try:
                     _, body = await self.get("/readyz")
+                    seen.append(body[:500])
                     state = json.loads(body)
                     if state.get("role") == role and (role != "leader" or state.get("ready")):
                         return

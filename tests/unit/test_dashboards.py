@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from fleet_operator.dashboards import DEFAULT_OUTPUT_DIR, dashboard_files, dashboards
+from dashboards import DEFAULT_OUTPUT_DIR, dashboard_files, dashboards
 from support.chart import (
     DASHBOARDS_DIR,
     committed_dashboards,
@@ -26,9 +26,9 @@ def _queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 def test_committed_dashboard_json_equals_the_generator_output() -> None:
     generated = dashboard_files()
     committed = {path.name: path.read_text() for path in DASHBOARDS_DIR.glob("*.json")}
-    assert sorted(committed) == sorted(generated), "run `rollout-fleet dashboards` and commit the result"
+    assert sorted(committed) == sorted(generated), "run `python tools/dashboards.py` and commit the result"
     for name, text in generated.items():
-        assert committed[name] == text, f"{name} is stale: run `rollout-fleet dashboards` and commit the result"
+        assert committed[name] == text, f"{name} is stale: run `python tools/dashboards.py` and commit the result"
 
 
 def test_default_output_dir_is_the_charts_dashboards_directory() -> None:

@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter
 from typing import Any, Literal
 
+import looptime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,7 +79,7 @@ async def run_schedule(
 
     async with Dispatcher(source, policy, seed=0) as dispatcher:
         run = dispatcher.run(range(len(schedule)), rollout)
-        outcomes, error = await collect_until_error(run)
+        outcomes, error = await collect_until_error(run, seconds=60)  # loop time: no schedule needs a second
     return outcomes, error, run, dispatcher, seen, interrupted
 
 
@@ -109,8 +110,9 @@ def test_every_prompt_ends_exactly_once_as_its_budgets_dictate(
     - data failures carry a reason; evictions are charged to no budget;
     - the metrics agree with the run's counters."""
     # A private loop, never installed as the current one: asyncio.run() would unset the loop pytest's plugins
-    # created for this sync test and leak it.
-    loop = asyncio.new_event_loop()
+    # created for this sync test and leak it. Its clock is looptime's: a hung example fails its run's deadline at
+    # once instead of every example and every shrink waiting the deadline out in real time.
+    loop = looptime.new_event_loop()
     try:
         ran = loop.run_until_complete(run_schedule(schedule, shard_count, policy))
     finally:

@@ -32,6 +32,7 @@ from rollout_runtime.failures import (
     RolloutTerminalDataFailure,
 )
 from rollout_runtime.shards import Shard, StaticShardSource
+from support.deadlines import within
 from support.dispatch import (
     AttemptLog,
     ControlledSource,
@@ -262,6 +263,7 @@ async def test_attempt_timeout_is_an_infra_rollout_timeout() -> None:
     assert value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="RolloutTimeout") == 1
 
 
+@pytest.mark.looptime  # a regression hangs on the hung shard: the run's deadline then fails it at once
 async def test_attempts_on_a_shard_that_leaves_the_healthy_set_are_redispatched_without_budget() -> None:
     source = ControlledSource(make_shards("hung", "ok"))
     entered_hung = asyncio.Event()
@@ -393,7 +395,7 @@ async def test_probe_success_after_ejection_restores_the_shard() -> None:
         restored = asyncio.Event()
         d._observer = lambda e: restored.set() if isinstance(e, ShardRestored) else None
         source.publish(make_shards("flaky", "ok"), probe_ok_at={"flaky": d.clock.wall() + 1})
-        await restored.wait()
+        await within(restored.wait(), "the ejected shard to be restored by its probe")
         assert d.ejected == frozenset()
 
 
@@ -450,7 +452,7 @@ async def test_weighted_least_outstanding_spreads_in_flight_work_by_weight() -> 
     async with Dispatcher(StaticShardSource(shards), FAST) as d:
         run = d.run(range(8), rollout)
         collector = asyncio.create_task(collect(run))
-        await all_started.wait()
+        await within(all_started.wait(), "all 8 attempts to start")
         peak = d.outstanding()
         gate.set()
         outcomes = await collector
@@ -531,7 +533,7 @@ async def test_leaving_the_dispatcher_stops_unconsumed_runs_and_closes_the_sourc
     async with Dispatcher(source, FAST) as d:
         run = d.run(range(3), rollout)
         consumer = asyncio.create_task(collect(run))  # a consumer still iterating
-        await all_started.wait()
+        await within(all_started.wait(), "all 3 attempts to start")
         assert d.in_flight == 3
     assert source.closed.is_set()
     with pytest.raises(RuntimeError, match="run closed with 3 unfinished prompt"):
@@ -544,7 +546,7 @@ async def test_a_source_that_ends_leaves_its_last_snapshot_in_force() -> None:
     source = ControlledSource(make_shards("a", "b"))
     source.end()
     async with Dispatcher(source, FAST) as d:
-        await source.closed.wait()
+        await within(source.closed.wait(), "the dispatcher to consume the ended source")
         outcomes = await collect(d.run(range(4), echo_rollout()))
     assert {o.shard for o in outcomes if isinstance(o, Completed)} == {"a", "b"}
 
@@ -619,7 +621,7 @@ async def test_waiting_for_a_shard_never_spins_whatever_the_jitter(seed: int) ->
     that was due at once forever (these seeds hung: loop time never advanced)."""
     policy = DispatchPolicy(healthy_wait_seconds=5, max_infra_attempts=2, backoff_initial_seconds=1)
     async with Dispatcher(ControlledSource([]), policy, seed=seed) as dispatcher:
-        outcomes, error = await asyncio.wait_for(collect_until_error(dispatcher.run(["p"], echo_rollout())), 60)
+        outcomes, error = await collect_until_error(dispatcher.run(["p"], echo_rollout()), seconds=60)
     assert outcomes == []
     assert isinstance(error, RolloutRedispatchExhausted)
 

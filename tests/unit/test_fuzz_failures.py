@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rollout_runtime.failures import (
@@ -189,9 +189,8 @@ def test_classification_matches_the_documented_rules_for_any_chain(chain: tuple[
     """For every chain within the documented bounds (9 links, 64 exceptions), the verdict is the specification's:
     explicit data anywhere wins, else any infra link (a group: all members) makes it INFRA, else DATA; implicit
     ``__context__`` never matters; the same exception always gets the same verdict."""
+    assume(_nodes(chain) <= 60)  # within the documented 64-exception bound; counted below only if kept
     TALLY["test_classification_matches_the_documented_rules_for_any_chain"] += 1
-    if _nodes(chain) > 60:
-        return
     exc = build(chain, data)
     assert classify_rollout_failure(exc) is verdict(chain)
     assert classify_rollout_failure(exc) is classify_rollout_failure(exc)

@@ -14,6 +14,7 @@ from fleet_operator.engine import FleetEngine
 from fleet_operator.kube import WriteOutcome
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HealthPhase, ProbeReason, ProbeResult, ProbeSettings
+from support.deadlines import within
 
 NS = "bench"
 HEARTBEAT = 60.0
@@ -123,7 +124,7 @@ async def test_the_patches_of_one_sweep_overlap_up_to_a_bound() -> None:
     api.gate = asyncio.Event()
     api.reached[16] = asyncio.Event()
     writing = asyncio.create_task(engine.write_pass(asyncio.get_running_loop().time() + 1))
-    await asyncio.wait_for(api.reached[16].wait(), timeout=30)  # a guard against a hang, not a timing assertion
+    await within(api.reached[16].wait(), lambda: f"16 concurrent status writes; {api.in_flight} in flight", 30)
     for _ in range(10):
         await asyncio.sleep(0)  # let any further writer coroutine start, if the bound allowed it
     assert api.in_flight == 16

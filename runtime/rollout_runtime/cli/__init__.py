@@ -13,17 +13,28 @@ import click
 
 from rollout_runtime import __version__
 
-# name -> "module:attribute" of a click.Command; help text shown without importing the module.
+# name -> ("module:attribute" of a click.Command, one-line summary). The summary is listed by ``rollout-fleet --help``
+# without importing the module, and heads the command's own --help (see ``options.command_help``).
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "classify": ("rollout_runtime.cli.classify:classify", "Classify sample (or given) failures as INFRA or DATA."),
+    "classify": (
+        "rollout_runtime.cli.classify:classify",
+        "Classify sample failures (and given HTTP statuses) as INFRA or DATA.",
+    ),
     "demo": ("rollout_runtime.cli.demo:demo", "Run the local demo fleet: simulated shards, chaos, live metrics."),
     "sim-shard": ("rollout_runtime.cli.sim_shard:sim_shard", "Serve a simulated OpenAI-compatible generation shard."),
     "sim-env": ("rollout_runtime.cli.sim_env:sim_env", "Serve a simulated environment server."),
     "crds": ("fleet_operator.cli:crds", "Print (or write) the CustomResourceDefinitions generated from the models."),
-    "operator": ("fleet_operator.cli:operator", "Run the fleet operator (kopf) against the current kubeconfig."),
+    "operator": (
+        "fleet_operator.cli:operator",
+        "Run the fleet operator (kopf) against the current kubeconfig or in-cluster service account.",
+    ),
     "status": ("fleet_operator.cli:status", "Show a RolloutFleet's health as a table."),
-    "dashboards": ("fleet_operator.dashboards:dashboards", "Generate the Grafana dashboards as JSON."),
 }
+
+
+def command_summary(name: str) -> str:
+    """The one-line summary of subcommand ``name``."""
+    return _COMMANDS[name][1]
 
 
 class LazyGroup(click.Group):

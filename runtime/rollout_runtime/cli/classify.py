@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from rollout_runtime.cli.options import command_help
 from rollout_runtime.failures import (
     FailureClass,
     RolloutDataFailure,
@@ -45,10 +46,11 @@ def sample_failures() -> list[tuple[str, BaseException]]:
     ]
 
 
-@click.command()
+@click.command(
+    help=command_help("classify", "INFRA is redispatched to another shard; DATA has a small budget and is reported.")
+)
 @click.option("--status", "statuses", type=int, multiple=True, help="Also classify these HTTP statuses.")
 def classify(statuses: tuple[int, ...]) -> None:
-    """Classify sample failures (and HTTP statuses) as INFRA (redispatch) or DATA (small budget, reported)."""
     console = Console()
     table = Table(title="How rollout-fleet classifies failed attempts")
     table.add_column("situation")

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollout_runtime.cli.options import command_help
 from rollout_runtime.demo import DemoConfig, DemoReport, DemoView, run_demo
 from rollout_runtime.health import HealthPhase
 
@@ -26,7 +27,9 @@ _PHASE_STYLE = {
 }
 
 
-@click.command()
+@click.command(
+    help=command_help("demo", "A batch runs through simulated shards while chaos hits them; no Kubernetes needed.")
+)
 @click.option("--shards", default=5, show_default=True, help="Simulated generation shards to start.")
 @click.option("--prompts", default=1000, show_default=True, help="Prompts in the batch.")
 @click.option("--over-long", default=5, show_default=True, help="Prompts longer than max_model_len (data failures).")
@@ -57,7 +60,6 @@ def demo(
     linger: float,
     report_dir: Path,
 ) -> None:
-    """Run a batch through a local fleet of simulated shards while chaos hits it; no Kubernetes needed."""
     try:
         config = DemoConfig(
             shards=shards,

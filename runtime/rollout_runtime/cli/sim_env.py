@@ -20,16 +20,19 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
+from rollout_runtime.cli.options import EXIT_WITH_PARENT, HOST, PORT, command_help, log_level, serve_until_stopped
 from rollout_runtime.environment import EnvironmentServerConfig
 
 READY_PREFIX = "SIM_ENV_READY "
 KINDS = ("verifier", "multistep")
 
 
-@click.command("sim-env")
+@click.command(
+    "sim-env", help=command_help("sim-env", "verifier: arithmetic, scored 1/0; multistep: a checkpointed running sum.")
+)
 @click.option("--kind", type=click.Choice(KINDS), required=True, help="Which example environment to serve.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0: a free port.")
+@HOST
+@PORT
 @click.option(
     "--checkpoint-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -41,8 +44,8 @@ KINDS = ("verifier", "multistep")
 @click.option("--admission-timeout", type=float, default=None, help="Seconds; required with a concurrency limit.")
 @click.option("--episode-timeout", type=float, default=None, help="Seconds; none by default.")
 @click.option("--cleanup-timeout", type=float, default=10.0, show_default=True)
-@click.option("--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for spawners).")
-@click.option("--log-level", default="INFO", show_default=True)
+@EXIT_WITH_PARENT
+@log_level("INFO")
 def sim_env(
     kind: str,
     host: str,
@@ -56,7 +59,6 @@ def sim_env(
     exit_with_parent: bool,
     log_level: str,
 ) -> None:
-    """Serve a simulated environment server (verifier: arithmetic 1/0; multistep: checkpointed running sum)."""
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -73,10 +75,7 @@ def sim_env(
         )
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from None
-    try:
-        asyncio.run(_serve(kind, config, exit_with_parent=exit_with_parent))
-    except OSError as exc:  # e.g. the port is taken
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    serve_until_stopped(_serve(kind, config, exit_with_parent=exit_with_parent), host, port)
 
 
 async def _serve(kind: str, config: EnvironmentServerConfig, *, exit_with_parent: bool) -> None:

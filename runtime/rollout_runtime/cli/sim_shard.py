@@ -7,7 +7,6 @@ console script as ``python -m rollout_runtime.cli.sim_shard``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from rollout_runtime.cli.options import EXIT_WITH_PARENT, HOST, PORT, command_help, log_level, serve_until_stopped
 from rollout_runtime.sim.shard import READY_PREFIX, SimFaults, SimShardConfig, serve
 
 
@@ -24,9 +24,12 @@ def _print_ready(info: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-@click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0: the kernel picks.")
+@click.command(
+    "sim-shard",
+    help=command_help("sim-shard", "Faults: set by the flags below at start, at runtime through /admin/faults."),
+)
+@HOST
+@PORT
 @click.option("--model", default="sim-model", show_default=True, help="Model name served by /v1/models.")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for fault rates.")
@@ -47,8 +50,8 @@ def _print_ready(info: dict[str, Any]) -> None:
     help="Fault: alternate this many seconds up and down.",
 )
 @click.option("--crash-after", type=click.IntRange(min=1), default=None, help="Fault: exit on the Nth request.")
-@click.option("--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for fleets).")
-@click.option("--log-level", default="WARNING", show_default=True)
+@EXIT_WITH_PARENT
+@log_level("WARNING")
 def sim_shard(
     host: str,
     port: int,
@@ -69,7 +72,6 @@ def sim_shard(
     exit_with_parent: bool,
     log_level: str,
 ) -> None:
-    """Serve a simulated OpenAI-compatible generation shard with fault injection (admin: /admin/faults)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = SimShardConfig(
@@ -92,10 +94,7 @@ def sim_shard(
         )
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from None
-    try:
-        asyncio.run(serve(config, host, port, exit_with_parent=exit_with_parent, ready=_print_ready))
-    except OSError as exc:  # e.g. the port is taken
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    serve_until_stopped(serve(config, host, port, exit_with_parent=exit_with_parent, ready=_print_ready), host, port)
 
 
 if __name__ == "__main__":

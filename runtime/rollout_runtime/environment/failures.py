@@ -2,9 +2,9 @@
 
 An environment server calls others: a generation shard, a tool sandbox, a judge. When one of those calls fails the
 episode fails, and the reply must say whether another attempt could succeed. The status decision is the runtime's
-own: ``is_retryable_dependency_status`` delegates to :func:`rollout_runtime.failures.http_status_is_infra`, backed by
-the one table ``_RETRIABLE_HTTP_STATUSES`` (re-exported here as the very same object), so the environment side and
-the generation side can never drift apart (upstream, one of the two copies lacked 425).
+own: ``is_retryable_dependency_status`` calls :func:`rollout_runtime.failures.http_status_is_infra`, the one
+decision about statuses, so the environment side and the generation side can never drift apart (upstream, one of
+two copies of the table lacked 425).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Final
 import aiohttp
 
 from rollout_runtime.failures import (
-    _RETRIABLE_HTTP_STATUSES,
     MAX_MESSAGE_CHARS,
     FailureClass,
     classify_rollout_failure,
+    exception_text,
     http_status_is_infra,
 )
 from rollout_runtime.redaction import safe_message
@@ -32,9 +32,6 @@ __all__ = [
     "raise_for_dependency_status",
 ]
 
-_RETRYABLE_CLIENT_ERROR_STATUSES: Final[frozenset[int]] = _RETRIABLE_HTTP_STATUSES
-"""The 4xx statuses worth another attempt: the very object ``http_status_is_infra`` reads, not a copy."""
-
 MAX_FAILURE_REASON_CHARS: Final[int] = MAX_MESSAGE_CHARS
 """A failure reason's bound (2000): enough for a dependency's explanation, too small to ship a whole page."""
 
@@ -45,7 +42,7 @@ _MAX_BODY_BYTES: Final[int] = 64 * 1024
 def is_retryable_dependency_status(status: int) -> bool:
     """Return whether an HTTP error status from another server is worth another episode attempt.
 
-    408, 425, 429 and every 5xx are retried; every other 4xx is terminal. Same decision, same table, as
+    408, 425, 429 and every 5xx are retried; every other 4xx is terminal. The decision is
     :func:`rollout_runtime.failures.http_status_is_infra`; a status outside 100..599 is a ``ValueError``.
     """
     return http_status_is_infra(status)
@@ -109,11 +106,4 @@ def _describe(error: BaseException) -> str:
         url = getattr(getattr(error, "request_info", None), "real_url", None)
         text = f"HTTP {error.status} {error.message}".strip()
         return f"{text} from {url}" if url else text
-    return _safe_str(error).strip() or type(error).__name__
-
-
-def _safe_str(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:
-        return f"<unprintable {type(error).__name__}>"
+    return exception_text(error).strip() or type(error).__name__

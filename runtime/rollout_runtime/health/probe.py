@@ -21,7 +21,7 @@ import json
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -29,9 +29,6 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from rollout_runtime.health.hysteresis import ProbeReason, ProbeResult, ProbeSettings
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy
 from rollout_runtime.redaction import redact_secrets
-
-if TYPE_CHECKING:  # at run time health must not import shards: shards.local imports health
-    from rollout_runtime.shards.model import Shard
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "MODELS_PATH", "HttpProber", "Prober", "check_model_list"]
 
@@ -156,10 +153,6 @@ class HttpProber:
                 headers={"User-Agent": self._user_agent, "Accept-Encoding": "identity"},
             )
         return self._session
-
-    async def probe_shard(self, shard: Shard, settings: ProbeSettings) -> ProbeResult:
-        """Probe a generation shard: health path, then its model (when the shard names one)."""
-        return await self.probe(shard.endpoint, settings, expected_model=shard.model or None)
 
     async def probe(self, endpoint: str, settings: ProbeSettings, *, expected_model: str | None = None) -> ProbeResult:
         """Probe ``endpoint`` (a base URL); check ``/v1/models`` lists ``expected_model`` if given. Never raises."""

@@ -1,10 +1,12 @@
 """Grafana dashboards as code: fleet health, rollouts, environment servers; built with grafana-foundation-sdk.
 
-The JSON the chart ships (``charts/rollout-fleet/dashboards/*.json``, loaded into ConfigMaps with ``.Files.Glob``)
-is this module's output, committed; a test regenerates it and fails on any difference, so a panel is changed here
-and never by hand. Panels query only metrics the code registers (names in docs/metrics.md; a test checks), with
-template variables ``$datasource``, ``$namespace``/``$fleet`` (operator metrics) and ``$job``/``$instance``
-(runtime and environment-server metrics: labels of the scrape target).
+Build-time only, so neither the wheel nor the operator image carries it (nor its SDK): run
+``python tools/dashboards.py`` from a checkout with the ``test`` extra installed. The JSON the chart ships
+(``charts/rollout-fleet/dashboards/*.json``, loaded into ConfigMaps with ``.Files.Glob``) is this module's output,
+committed; a test regenerates it and fails on any difference, so a panel is changed here and never by hand.
+Panels query only metrics the code registers (names in docs/metrics.md; a test checks), with template variables
+``$datasource``, ``$namespace``/``$fleet`` (operator metrics) and ``$job``/``$instance`` (runtime and
+environment-server metrics: labels of the scrape target).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = [
     "write_dashboards",
 ]
 
-DEFAULT_OUTPUT_DIR = Path("charts/rollout-fleet/dashboards")
+DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent.parent / "charts" / "rollout-fleet" / "dashboards"
 _DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 _TAGS = ["rollout-fleet"]
 _RATE = "$__rate_interval"
@@ -573,9 +575,13 @@ def dashboards(output_dir: Path, check: bool) -> None:
         ]
         if stale:
             raise click.ClickException(
-                f"out of date in {output_dir}: {', '.join(stale)} (run `rollout-fleet dashboards`)"
+                f"out of date in {output_dir}: {', '.join(stale)} (run `python tools/dashboards.py`)"
             )
         click.echo(f"dashboards in {output_dir} are up to date")
         return
     for path in write_dashboards(output_dir):
         click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    dashboards()
