@@ -69,7 +69,7 @@ from rollout_runtime.failures import (
 )
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.redaction import safe_message
-from rollout_runtime.shards.model import HealthySet, Shard, ShardSource
+from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
@@ -244,6 +244,7 @@ class Dispatcher:
         self.policy = policy if policy is not None else DispatchPolicy()
         self.metrics = metrics if metrics is not None else RolloutMetrics(registry)
         self._source = source
+        self._completions = source if isinstance(source, ReportsCompletions) else None  # passive liveness
         self._observer = observer
         self._clock: Clock | None = clock
         self._rng = random.Random(seed)
@@ -563,6 +564,8 @@ class Dispatcher:
         run.stats.completed += 1
         metrics.attempt("success", seconds)
         metrics.prompts["completed"] += 1
+        if self._completions is not None:
+            self._completions.attempt_succeeded(slot.name)
         self._commit()
         if run.watchdog is not None:
             run.watchdog.committed(ended)
