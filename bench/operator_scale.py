@@ -11,7 +11,9 @@ tool cache, and ``rollout-fleet operator`` as its own process. Measured:
   ``apiserver_request_total`` (PATCH .../status), against the budget: health transitions plus one heartbeat per
   shard and per fleet per ``status_heartbeat_seconds`` (60 s);
 - time from SIGKILL of a simulated shard process to its shards leaving the fleet's published healthy set, against
-  the detection bound failureThreshold x periodSeconds.
+  the detection bound failureThreshold x periodSeconds (and + timeoutSeconds, the bound per-target timers keep),
+  while 10 of the shards (one per fleet) are blackholes probed with the largest timeout the CRD allows (3599 s of a
+  3600 s period): a socket that accepts connections and never answers, so their probes stay pending throughout.
 
     python bench/operator_scale.py            # full: 1000 shards, 10 fleets, 5 s probes, 120 s window (~5 min)
     python bench/operator_scale.py --smoke    # 20 shards, 2 fleets (CI)
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -52,6 +56,8 @@ MARKER = "operator scale ratios"
 ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")
 NAMESPACE = "bench"
 HEARTBEAT_SECONDS = 60.0
+BLACKHOLE_PROBE = {"periodSeconds": 3600.0, "timeoutSeconds": 3599.0, "failureThreshold": 3, "successThreshold": 2}
+"""The largest timeout the CRD allows (timeoutSeconds < periodSeconds <= 3600): one probe an hour that never ends."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class Scale:
     """Simulated shard processes serving the shards (plus one victim process that is killed)."""
     victims: int
     """Shards of fleet-0 served by the victim process."""
+    blackholes: int
+    """The last shards (one per fleet while there are fleets) point at a socket that never answers."""
     period: float
     timeout: float
     failure_threshold: int
@@ -75,6 +83,7 @@ FULL = Scale(
     fleets=10,
     sims=8,
     victims=10,
+    blackholes=10,
     period=5.0,
     timeout=2.0,
     failure_threshold=3,
@@ -86,6 +95,7 @@ SMOKE = Scale(
     fleets=2,
     sims=2,
     victims=2,
+    blackholes=2,
     period=1.0,
     timeout=0.5,
     failure_threshold=2,
@@ -187,21 +197,37 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+@contextmanager
+def blackhole_port() -> Iterator[int]:
+    """A listening socket that never accepts: the kernel completes connections, nothing ever answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+        yield int(sock.getsockname()[1])
+
+
 # -- the objects -------------------------------------------------------------------------------------------------
 
 
-def shard_endpoints(scale: Scale, ports: Sequence[int], victim_port: int) -> dict[str, tuple[str, str]]:
-    """Shard name -> (fleet, endpoint). The first ``victims`` shards of fleet-0 are served by the victim process."""
+def shard_endpoints(scale: Scale, ports: Sequence[int], victim_port: int, hole_port: int) -> dict[str, tuple[str, str]]:
+    """Shard name -> (fleet, endpoint). The first ``victims`` shards of fleet-0 are served by the victim process;
+    the last ``blackholes`` shards point at the blackhole."""
     layout: dict[str, tuple[str, str]] = {}
     victims = 0
     for i in range(scale.shards):
         fleet = f"fleet-{i % scale.fleets}"
-        if fleet == "fleet-0" and victims < scale.victims:
+        if i >= scale.shards - scale.blackholes:
+            port = hole_port
+        elif fleet == "fleet-0" and victims < scale.victims:
             port, victims = victim_port, victims + 1
         else:
             port = ports[i % len(ports)]
         layout[f"shard-{i:04d}"] = (fleet, f"http://127.0.0.1:{port}")
     return layout
+
+
+def is_blackhole(scale: Scale, name: str) -> bool:
+    return int(name.rsplit("-", 1)[1]) >= scale.shards - scale.blackholes
 
 
 def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
@@ -216,7 +242,11 @@ def objects(scale: Scale, layout: dict[str, tuple[str, str]]) -> list[dict[str, 
             "apiVersion": kinds.API_VERSION,
             "kind": kinds.GENERATION_SHARD.kind,
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"fleet": fleet}},
-            "spec": {"endpoint": endpoint, "model": "sim-model", "probe": probe},
+            "spec": {
+                "endpoint": endpoint,
+                "model": "sim-model",
+                "probe": BLACKHOLE_PROBE if is_blackhole(scale, name) else probe,
+            },
         }
         for name, (fleet, endpoint) in layout.items()
     ]
@@ -292,8 +322,8 @@ def status_patches(api_metrics: str) -> float:
 
 
 async def bare_prober(targets_file: Path, seconds: float) -> None:
-    """Probe the same targets with the runtime's HealthMonitor and nothing else. Prints a line once the first round
-    is done (imports and the first burst are not steady state), then the probes of the next ``seconds``."""
+    """Probe the same targets with the runtime's HealthMonitor and nothing else. Prints a line once every answering
+    target was probed (imports and the first burst are not steady state), then the probes of the next ``seconds``."""
     from rollout_runtime.health import HealthMonitor, HttpProber, ProbeSettings, ProbeTarget, ProbeTargetPolicy
 
     spec = json.loads(targets_file.read_bytes())  # noqa: ASYNC240 (once, before the loop starts)
@@ -303,12 +333,21 @@ async def bare_prober(targets_file: Path, seconds: float) -> None:
         failure_threshold=spec["failure_threshold"],
         success_threshold=2,
     )
-    targets = [ProbeTarget(name, endpoint, settings, "sim-model") for name, endpoint in spec["targets"].items()]
+    hole = ProbeSettings.model_validate(BLACKHOLE_PROBE)
+    targets = [
+        ProbeTarget(name, endpoint, hole if name in spec["blackholes"] else settings, "sim-model")
+        for name, endpoint in spec["targets"].items()
+    ]
+    answering = len(targets) - len(spec["blackholes"])
+    seen: set[str] = set()
     probes = 0
     start: float | None = None
     async with HttpProber(ProbeTargetPolicy.local()) as prober:
         monitor = HealthMonitor(targets, prober, max_concurrency=128)  # the operator's default probe concurrency
         async for round_ in monitor.rounds():  # count the probes that finished in [start, start + seconds)
+            if start is None and len(seen.union(round_.results)) < answering:  # the first burst is not steady
+                seen.update(round_.results)
+                continue
             if start is None:
                 start = time.time()
                 print("ready", flush=True)
@@ -329,6 +368,7 @@ def run_baseline(scale: Scale, layout: dict[str, tuple[str, str]], workdir: Path
                 "timeout": scale.timeout,
                 "failure_threshold": scale.failure_threshold,
                 "targets": {n: e for n, (_f, e) in layout.items()},
+                "blackholes": [n for n in layout if is_blackhole(scale, n)],
             }
         )
     )
@@ -365,6 +405,8 @@ class Result:
     patch_ms: float
     """Mean apiserver-side duration of one status PATCH in the window."""
     drop: Drop
+    holes_pending: int
+    """Blackhole shards still Pending after the drop: their first probe never ended, so nothing waited for it."""
     baseline_cpu: float
     baseline_rss: float
     baseline_probes: float
@@ -387,9 +429,9 @@ def run(scale: Scale, keep: bool, crds: Path) -> Result:
                 what=f"{plural} served",
             )
         plane.create_namespace(NAMESPACE)
-        with sim_processes(scale.sims + 1, workdir / "sims") as sims:
+        with sim_processes(scale.sims + 1, workdir / "sims") as sims, blackhole_port() as hole_port:
             victim_process, victim_port = sims.processes[-1], sims.ports[-1]
-            layout = shard_endpoints(scale, sims.ports[:-1], victim_port)
+            layout = shard_endpoints(scale, sims.ports[:-1], victim_port, hole_port)
             t = time.monotonic()
             create(plane, objects(scale, layout))
             print(
@@ -439,10 +481,15 @@ def measure_operator(
             lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=120, what="operator /readyz", process=operator
         )
 
-        def all_ready() -> bool:
+        holes = collections.Counter(fleet for name, (fleet, _e) in layout.items() if is_blackhole(scale, name))
+
+        def all_ready() -> bool:  # every shard but the blackholes
             fleets = api.fleets()
             return len(fleets) == scale.fleets and all(
-                f.get("status", {}).get("readyShards") == f.get("status", {}).get("totalShards", -1) > 0 for f in fleets
+                f.get("status", {}).get("readyShards")
+                == f.get("status", {}).get("totalShards", -1) - holes[f["metadata"]["name"]]
+                > 0
+                for f in fleets
             )
 
         wait_until(all_ready, timeout=max(600.0, 20 * scale.period), what="every fleet fully healthy", process=operator)
@@ -472,6 +519,12 @@ def measure_operator(
         (sum1, n1), (sum0, n0) = status_patch_seconds(after_api), status_patch_seconds(before_api)
         budget = transitions + (scale.shards + scale.fleets) * elapsed / HEARTBEAT_SECONDS
         drop = time_to_drop(scale, api, victim, layout)
+        shard_path = f"/apis/{kinds.API_VERSION}/namespaces/{NAMESPACE}/{kinds.GENERATION_SHARD.plural}"
+        holes_pending = sum(
+            api.get(f"{shard_path}/{name}").get("status", {}).get("phase", "Pending") == "Pending"
+            for name in layout
+            if is_blackhole(scale, name)
+        )
         return Result(
             settle_seconds=settle,
             cpu_share=(cpu1 - cpu0) / elapsed,
@@ -484,6 +537,7 @@ def measure_operator(
             apiserver_cpu_share=(api_cpu1 - api_cpu0) / elapsed,
             patch_ms=(sum1 - sum0) / (n1 - n0) * 1000 if n1 > n0 else 0.0,
             drop=drop,
+            holes_pending=holes_pending,
             baseline_cpu=baseline[0],
             baseline_rss=baseline[1],
             baseline_probes=baseline[2],
@@ -545,12 +599,13 @@ def _s(value: float | None) -> str:
 
 
 def report(scale: Scale, r: Result) -> None:
-    nominal = scale.shards / scale.period
+    nominal = (scale.shards - scale.blackholes) / scale.period  # a blackhole is probed once an hour
     bound = scale.failure_threshold * scale.period
     print(
         f"\n{scale.shards} GenerationShards, {scale.fleets} fleets, probes every {scale.period:g}s "
         f"(timeout {scale.timeout:g}s, failureThreshold {scale.failure_threshold}), "
-        f"window {scale.window:g}s"
+        f"window {scale.window:g}s; {scale.blackholes} of them blackholes probed with timeout "
+        f"{BLACKHOLE_PROBE['timeoutSeconds']:g}s"
     )
     print(f"  all fleets fully healthy after operator start:  {r.settle_seconds:8.1f} s")
     print(f"  operator CPU (share of one core):               {r.cpu_share:8.1%}   bare prober {r.baseline_cpu:.1%}")
@@ -573,7 +628,8 @@ def report(scale: Scale, r: Result) -> None:
     print(
         f"  SIGKILL of the process serving {scale.victims} shards -> a victim's own status Unhealthy: "
         f"{_s(d.shard_unhealthy)} s; first / all victims out of the fleet's healthy set: {_s(d.first_out)} / "
-        f"{_s(d.all_out)} s (detection bound failureThreshold x period = {bound:g} s)"
+        f"{_s(d.all_out)} s (detection bound failureThreshold x period = {bound:g} s, "
+        f"+ timeout = {bound + scale.timeout:g} s)"
     )
     print(f"\n{MARKER}:")
     print(f"  operator CPU / bare prober CPU:      {r.cpu_share / r.baseline_cpu:6.2f}x" if r.baseline_cpu else "")
@@ -585,7 +641,11 @@ def report(scale: Scale, r: Result) -> None:
         else "  operator-counted writes / apiserver: no writes"
     )
     if d.all_out is not None:
-        print(f"  death -> fleet status / bound:       {d.all_out / bound:6.2f}x")
+        print(
+            f"  death -> fleet status / bound:       {d.all_out / bound:6.2f}x  (bound + timeout: "
+            f"{d.all_out / (bound + scale.timeout):.2f}x; "
+            f"{r.holes_pending}/{scale.blackholes} blackholes still pending)"
+        )
 
 
 def main() -> None:

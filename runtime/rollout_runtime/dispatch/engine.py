@@ -71,7 +71,7 @@ from rollout_runtime.failures import (
     diagnose,
 )
 from rollout_runtime.metrics import RolloutMetrics
-from rollout_runtime.shards.model import HealthySet, Shard, ShardSource
+from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
@@ -472,6 +472,7 @@ class Dispatcher:
         self.policy = policy if policy is not None else DispatchPolicy()
         self.metrics = metrics if metrics is not None else RolloutMetrics(registry)
         self._source = source
+        self._completions = source if isinstance(source, ReportsCompletions) else None  # passive liveness
         self._observer = observer
         self._clock: Clock | None = clock
         self._rng = random.Random(seed)
@@ -685,6 +686,8 @@ class Dispatcher:
             self._failed(run, state, slot, failure, seconds)
         else:
             accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
+            if self._completions is not None:
+                self._completions.attempt_succeeded(slot.name)
             attempts = state.budget.attempts + 1
             run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
 

@@ -3,7 +3,8 @@
 - :mod:`.hysteresis`: the pure state machine (phases, settings, results, transitions).
 - :mod:`.targets`: which URLs may be probed (an SSRF allowlist).
 - :mod:`.probe`: the HTTP prober for OpenAI-compatible shards and environment servers.
-- :mod:`.monitor`: a loop that probes targets on their period and feeds their states.
+- :mod:`.schedule`: when each target's next probe is due (pure, one timer per target).
+- :mod:`.monitor`: a loop that probes each target on its own timer and feeds their states.
 """
 
 from rollout_runtime.health.hysteresis import (
@@ -23,6 +24,7 @@ from rollout_runtime.health.monitor import (
     TransitionCallback,
 )
 from rollout_runtime.health.probe import DEFAULT_MAX_BODY_BYTES, MODELS_PATH, HttpProber, Prober, check_model_list
+from rollout_runtime.health.schedule import ProbeSchedule
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy, TargetVerdict
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "ProbeReason",
     "ProbeResult",
     "ProbeRound",
+    "ProbeSchedule",
     "ProbeSettings",
     "ProbeTarget",
     "ProbeTargetPolicy",

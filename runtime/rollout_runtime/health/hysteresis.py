@@ -21,6 +21,18 @@ Pending does not serve: a shard is never trusted before it has answered S probes
 
 Draining overrides health: a draining shard takes no new traffic whatever its probes say. Probes still run and
 are still recorded underneath, so un-draining lands on the phase the probes support without waiting.
+
+Passive liveness: a shard that is completing real requests is alive. A busy single-threaded server (llama.cpp's
+``/v1/models`` waits on the model lock) times its probes out while it serves, so a request that completed within
+the *liveness window* (``(failure_threshold - 1) x period_seconds``) before a probe timeout excuses that timeout:
+it still counts as a failed probe (Healthy -> Suspect, which serves), but the failure streak stops one short of
+``failure_threshold``, so timeouts alone never make a serving shard Unhealthy. Only a timeout is excused: a
+definite failure (connection refused, a 5xx, the wrong model ...) means what it always means, and completes the
+streak. Probe successes are never request evidence, and request successes never raise a phase (only probes bring
+a shard back): the mirror of NeMo-RL's separate streaks, where a wedged engine still answers its liveness probe
+and only a successful generation clears the request streak. With the window above, a shard leaves within
+``failure_threshold x period_seconds + timeout_seconds`` of the later of its death and its last completed request;
+with ``failure_threshold`` 1 there is no window (one failed probe, a timeout included, is decisive).
 """
 
 from __future__ import annotations
@@ -220,6 +232,7 @@ class HealthState:
         "_draining",
         "_failures",
         "_health",
+        "_request_ok_at",
         "_settings",
         "_successes",
         "last_error",
@@ -234,6 +247,7 @@ class HealthState:
         self._draining = False
         self._successes = 0
         self._failures = 0
+        self._request_ok_at: float | None = None
         self.last_result: ProbeResult | None = None
         self.last_reason: ProbeReason | None = None
         """Reason of the latest failed probe (kept after recovery, like last_error)."""
@@ -302,11 +316,52 @@ class HealthState:
     def consecutive_failures(self) -> int:
         return self._failures
 
-    def observe(self, result: ProbeResult) -> Transition | None:
-        """Record one probe result; return the visible phase change it caused, if any."""
+    @property
+    def liveness_window_seconds(self) -> float:
+        """How long a completed request excuses probe timeouts: ``(failure_threshold - 1) x period_seconds``."""
+        return (self._settings.failure_threshold - 1) * self._settings.period_seconds
+
+    @property
+    def request_ok_at(self) -> float | None:
+        """When (the caller's clock) a real request to the shard last completed, if one did."""
+        return self._request_ok_at
+
+    def request_succeeded(self, now: float) -> None:
+        """A real request (not a probe) to the shard completed at ``now``: evidence of life for the liveness window.
+
+        It never changes the phase by itself (see the module docstring).
+        """
+        if self._request_ok_at is None or now > self._request_ok_at:
+            self._request_ok_at = now
+
+    def alive_at(self, now: float) -> bool:
+        """Whether a request completed within the liveness window before ``now``."""
+        window = self.liveness_window_seconds
+        return window > 0 and self._request_ok_at is not None and now - self._request_ok_at <= window
+
+    def excuses(self, result: ProbeResult, now: float | None) -> bool:
+        """Whether request evidence excuses this failed probe: a timeout while requests complete (never a definite
+        failure). Without ``now`` there is no evidence to weigh."""
+        return not result.ok and result.reason is ProbeReason.TIMEOUT and now is not None and self.alive_at(now)
+
+    def observe(self, result: ProbeResult, *, now: float | None = None) -> Transition | None:
+        """Record one probe result; return the visible phase change it caused, if any.
+
+        ``now`` is the time on the clock :meth:`request_succeeded` is given; without it, request evidence is
+        not consulted (a source that reports no requests has none anyway).
+        """
         before = self.phase
         self.last_result = result
-        if result.ok:
+        excused = self.excuses(result, now)
+        if excused:
+            if self._failures < self._settings.failure_threshold - 1:  # never completes the streak, never lowers it
+                self._failures += 1
+            self._successes = 0
+            self.last_reason = result.reason
+            self.last_error = result.message or result.reason.value
+            if self._health is HealthPhase.HEALTHY:
+                self._health = HealthPhase.SUSPECT
+        elif result.ok:
             self._successes += 1
             self._failures = 0
             if self._health is not HealthPhase.HEALTHY and self._successes >= self._settings.success_threshold:
@@ -323,7 +378,10 @@ class HealthState:
         after = self.phase
         if after is before:
             return None
-        return Transition(from_phase=before, to_phase=after, reason=result.reason.value, message=result.message)
+        message = result.message
+        if excused:
+            message = f"{message}; requests are completing, so probe timeouts alone do not make it Unhealthy"
+        return Transition(from_phase=before, to_phase=after, reason=result.reason.value, message=message)
 
     def set_draining(self, draining: bool) -> Transition | None:
         """Start or stop draining; return the visible phase change, if any."""

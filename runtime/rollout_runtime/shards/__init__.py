@@ -3,7 +3,14 @@
 from typing import TYPE_CHECKING, Any
 
 from rollout_runtime.shards.local import LocalShardSource
-from rollout_runtime.shards.model import HealthySet, Shard, ShardSource, StaticShardSource, revision_of
+from rollout_runtime.shards.model import (
+    HealthySet,
+    ReportsCompletions,
+    Shard,
+    ShardSource,
+    StaticShardSource,
+    revision_of,
+)
 
 if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
@@ -12,6 +19,7 @@ __all__ = [
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
+    "ReportsCompletions",
     "Shard",
     "ShardSource",
     "StaticShardSource",

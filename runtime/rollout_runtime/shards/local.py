@@ -1,17 +1,23 @@
 """The embedded default shard source: the runtime probes its own shards, no Kubernetes needed.
 
-Each shard gets a :class:`~rollout_runtime.health.HealthState`; after every probe round the source yields a
-:class:`HealthySet` of the shards that serve (Healthy or Suspect, not draining), with the time of each shard's
-latest successful probe so the dispatcher can un-eject a passively ejected shard. A shard leaves the set in the
-round that makes it Unhealthy.
+Each shard gets a :class:`~rollout_runtime.health.HealthState` and its own probe timer; after every batch of
+completed probes the source yields a :class:`HealthySet` of the shards that serve (Healthy or Suspect, not
+draining), with the time of each shard's latest successful probe so the dispatcher can un-eject a passively ejected
+shard. A shard leaves the set in the round that makes it Unhealthy.
+
+The dispatcher reports completed attempts (:meth:`LocalShardSource.attempt_succeeded`): a shard that is
+completing requests is alive, so probe timeouts alone do not take it out (passive liveness, in
+:mod:`rollout_runtime.health.hysteresis`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from typing import cast
 
 from rollout_runtime.health.hysteresis import HealthPhase, HealthState, ProbeSettings, Transition
-from rollout_runtime.health.monitor import HealthMonitor, ProbeTarget, TransitionCallback
+from rollout_runtime.health.monitor import HealthMonitor, ProbeRound, ProbeTarget, TransitionCallback
 from rollout_runtime.health.probe import HttpProber, Prober
 from rollout_runtime.health.targets import ProbeTargetPolicy
 from rollout_runtime.shards.model import HealthySet, Shard
@@ -84,14 +90,20 @@ class LocalShardSource:
             raise KeyError(f"unknown shard {name!r}")
         return await self._monitor.set_draining(name, draining)
 
+    def attempt_succeeded(self, name: str) -> None:
+        """An attempt on shard ``name`` completed (the dispatcher calls this): evidence that the shard is alive."""
+        self._monitor.record_request_success(name)
+
     async def snapshots(self) -> AsyncIterator[HealthySet]:
         """Probe forever; yield the healthy set after every round (and after every drain change)."""
         if self._iterating:
             raise RuntimeError("LocalShardSource.snapshots() is already being iterated: one probe loop per source")
         self._iterating = True
         try:
-            async for _round in self._monitor.rounds():
-                yield self.current()
+            rounds = cast(AsyncGenerator[ProbeRound[str], None], self._monitor.rounds())
+            async with contextlib.aclosing(rounds):  # closing it abandons the probes in flight
+                async for _round in rounds:
+                    yield self.current()
         finally:
             self._iterating = False
             if self._owned_prober is not None:

@@ -77,6 +77,14 @@ class ShardSource(Protocol):
     def snapshots(self) -> AsyncIterator[HealthySet]: ...
 
 
+@runtime_checkable
+class ReportsCompletions(Protocol):
+    """A shard source that hears of completed attempts: the dispatcher calls :meth:`attempt_succeeded` after every
+    successful attempt (passive liveness: a shard completing requests is alive; see ``rollout_runtime.health``)."""
+
+    def attempt_succeeded(self, name: str) -> None: ...
+
+
 class StaticShardSource:
     """A fixed list of shards, all taken as healthy: for tests and for fleets that are probed elsewhere."""
 
