@@ -87,7 +87,12 @@ async def test_a_shard_serving_the_wrong_model_never_joins() -> None:
         source = LocalShardSource(fleet.shards, FAST)
         seen: list[HealthySet] = []
         async with contextlib.aclosing(source.snapshots()) as snapshots:
-            await until(snapshots, lambda s: source.states["shard-1"].phase is HealthPhase.UNHEALTHY, seen)
+            # Each target has its own probe timer: shard-1 may fail out before shard-0 has joined, so wait for both.
+            await until(
+                snapshots,
+                lambda s: source.states["shard-1"].phase is HealthPhase.UNHEALTHY and "shard-0" in s.names(),
+                seen,
+            )
         assert all("shard-1" not in s.names() for s in seen)
         assert "shard-0" in seen[-1].names()
         assert source.states["shard-1"].last_reason is ProbeReason.WRONG_MODEL
