@@ -7,8 +7,6 @@ the environment applies, across both processes, and can hold a step to put the e
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,49 +23,10 @@ from rollout_runtime.failures import (
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import MultiStepResponse
 from support.deadlines import within
+from support.tool_server import ToolServer
 
 VALUES = [1, 2, 3, 4, 5]
 TOTALS = [1, 3, 6, 10, 15]
-
-
-class ToolServer:
-    """A sandbox service: records every step applied, and can hold one step until the test releases it."""
-
-    def __init__(self) -> None:
-        self.applied: defaultdict[str, list[int]] = defaultdict(list)
-        self.open_sandboxes: set[str] = set()
-        self.closed: list[str] = []
-        self._holds: dict[tuple[str, int], tuple[asyncio.Event, asyncio.Event]] = {}
-        self._ids = itertools.count()
-        self.url = ""
-
-    def hold(self, episode_id: str, step: int) -> tuple[asyncio.Event, asyncio.Event]:
-        """Hold the next call of this step once: returns (reached, release)."""
-        events = (asyncio.Event(), asyncio.Event())
-        self._holds[(episode_id, step)] = events
-        return events
-
-    async def open(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        sandbox = f"{body['episode_id']}-sandbox-{next(self._ids)}"
-        self.open_sandboxes.add(sandbox)
-        return web.json_response({"sandbox_id": sandbox})
-
-    async def step(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        held = self._holds.pop((body["episode_id"], body["step"]), None)
-        if held is not None:
-            reached, release = held
-            reached.set()
-            await release.wait()
-        self.applied[body["episode_id"]].append(body["step"])
-        return web.json_response({"total": body["total"] + body["value"]})
-
-    async def close(self, request: web.Request) -> web.Response:
-        sandbox = (await request.json())["sandbox_id"]
-        self.open_sandboxes.discard(sandbox)
-        self.closed.append(sandbox)
-        return web.json_response({"closed": sandbox})
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -162,3 +163,48 @@ async def test_registering_after_unwinding_started_is_an_error() -> None:
 def test_cleanup_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         EpisodeCleanupContext(cleanup_timeout_seconds=0)
+
+
+async def test_a_callback_that_swallows_cancellation_is_abandoned_at_its_timeout() -> None:
+    gate = asyncio.Event()
+    ran: list[str] = []
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await gate.wait()  # ignores the cancellation and keeps the release "running"
+
+    ctx = EpisodeCleanupContext(cleanup_timeout_seconds=0.05)
+    ctx.register(lambda: ran.append("earlier"), name="earlier")
+    ctx.register(stubborn, name="stubborn")
+    failures = await ctx.aclose()  # returns although the stubborn callback is still running
+    assert [(f.name, f.timed_out) for f in failures] == [("stubborn", True)]
+    assert ran == ["earlier"]
+    gate.set()
+
+
+async def test_a_blocking_synchronous_callback_runs_in_a_thread_and_never_blocks_the_loop() -> None:
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def blocking_release() -> None:
+        entered.set()
+        gate.wait()
+
+    ctx = EpisodeCleanupContext(cleanup_timeout_seconds=3600)
+    ctx.register(blocking_release, name="blocking")
+    unwinding = asyncio.create_task(ctx.aclose())
+    await asyncio.to_thread(entered.wait)  # the callback blocks its thread, and this loop still runs
+    assert not unwinding.done()
+    gate.set()
+    assert await unwinding == []
+
+
+async def test_a_blocking_synchronous_callback_is_bounded_by_its_timeout() -> None:
+    gate = threading.Event()
+    ctx = EpisodeCleanupContext(cleanup_timeout_seconds=0.05)
+    ctx.register(gate.wait, name="blocking")
+    failures = await ctx.aclose()
+    assert [(f.name, f.timed_out) for f in failures] == [("blocking", True)]
+    gate.set()

@@ -55,3 +55,19 @@ def test_a_non_json_error_body_is_kept_bounded() -> None:
     mapped = rollout_failure_for_http_error(502, "<html>" + "x" * 5000)
     assert str(mapped).startswith("environment server answered HTTP 502: <html>")
     assert len(str(mapped)) < 700
+
+
+def test_a_refused_duplicate_attempt_is_infra_whichever_way_it_arrives() -> None:
+    """A previous attempt of the episode is still live: the request is fine, so the runtime retries it later."""
+    as_failure = rollout_failure_for_episode(
+        EpisodeFailure(kind="episode_in_progress", stage="episode_identity", reason="still live", terminal=False),
+        status=409,
+    )
+    bare = rollout_failure_for_http_error(
+        409, '{"error": {"status": 409, "code": "episode_in_progress", "message": "still live"}}'
+    )
+    for failure in (as_failure, bare):
+        assert classify_rollout_failure(failure) is FailureClass.INFRA
+    assert isinstance(
+        rollout_failure_for_http_error(409, '{"error": {"code": "conflict", "message": "x"}}'), RolloutDataFailure
+    )

@@ -14,6 +14,9 @@ CONTRACT = {
     "environment_dependency_failures_total": ("counter", {"retryable"}),
     "environment_episodes_in_flight": ("gauge", set()),
     "environment_admission_queue_depth": ("gauge", set()),
+    "environment_duplicate_attempts_total": ("counter", {"action"}),
+    "environment_episode_attempts_waiting": ("gauge", set()),
+    "environment_checkpoint_store_failures_total": ("counter", {"operation"}),
 }
 
 

@@ -44,6 +44,13 @@ KINDS = ("verifier", "multistep")
 @click.option("--admission-timeout", type=float, default=None, help="Seconds; required with a concurrency limit.")
 @click.option("--episode-timeout", type=float, default=None, help="Seconds; none by default.")
 @click.option("--cleanup-timeout", type=float, default=10.0, show_default=True)
+@click.option(
+    "--duplicate-attempt-wait",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds a second attempt of a live episode_id waits before it is refused (409); 0 refuses at once.",
+)
 @EXIT_WITH_PARENT
 @log_level("INFO")
 def sim_env(
@@ -56,6 +63,7 @@ def sim_env(
     admission_timeout: float | None,
     episode_timeout: float | None,
     cleanup_timeout: float,
+    duplicate_attempt_wait: float,
     exit_with_parent: bool,
     log_level: str,
 ) -> None:
@@ -72,6 +80,7 @@ def sim_env(
             admission_timeout_seconds=admission_timeout,
             default_episode_timeout_seconds=episode_timeout,
             cleanup_timeout_seconds=cleanup_timeout,
+            duplicate_attempt_wait_seconds=duplicate_attempt_wait,
         )
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from None

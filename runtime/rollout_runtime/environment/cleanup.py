@@ -4,6 +4,11 @@ Callbacks:
 
 - are process-local Python objects, although they may issue remote close requests;
 - run sequentially in LIFO order (last acquired, first released), each with its own cleanup timeout;
+- synchronous ones run in a worker thread (``asyncio.to_thread``), so a blocking release cannot stall the event
+  loop; they must not touch the loop's objects (register an ``async`` function for that). A function that returns
+  an awaitable has it awaited on the loop, within the same timeout;
+- are waited for no longer than their timeout: one that swallows its cancellation, or a thread that keeps
+  blocking, is left to finish on its own, logged and counted as a timed-out failure;
 - must be idempotent, because a timed-out remote request may have succeeded; each still runs at most once;
 - are lost on process or host failure, so remote owners need expiry or reaping.
 
@@ -54,11 +59,15 @@ class CleanupCallback:
         if self._started:
             return None
         self._started = True
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_seconds is None else loop.time() + timeout_seconds
         try:
-            async with asyncio.timeout(timeout_seconds):
-                result = self._fn()
-                if inspect.isawaitable(result):
-                    await result
+            if inspect.iscoroutinefunction(self._fn):
+                result: object = self._fn()
+            else:
+                result = await _bounded(asyncio.to_thread(self._fn), deadline, self.name)
+            if inspect.isawaitable(result):
+                await _bounded(result, deadline, self.name)
         except TimeoutError:
             log.warning("cleanup callback %r timed out after %ss", self.name, timeout_seconds)
             return CleanupFailure(self.name, "TimeoutError", f"timed out after {timeout_seconds}s", timed_out=True)
@@ -66,6 +75,44 @@ class CleanupCallback:
             log.warning("cleanup callback %r failed", self.name, exc_info=True)
             return CleanupFailure(self.name, type(exc).__name__, str(exc)[:500], timed_out=False)
         return None
+
+
+_ABANDONED: set[asyncio.Future[object]] = set()
+"""Callbacks that overran their timeout and ignored cancellation: referenced until they end, never awaited."""
+
+
+async def _bounded(awaitable: Awaitable[object], deadline: float | None, name: str) -> object:
+    """Await ``awaitable`` until ``deadline`` (loop time); past it, cancel it and stop waiting (``TimeoutError``).
+
+    Unlike ``asyncio.timeout``, this does not wait for the cancellation to be honoured: a callback that swallows
+    it keeps running on its own, and the episode's unwinding moves on.
+    """
+    future = asyncio.ensure_future(awaitable)
+    loop = asyncio.get_running_loop()
+    timeout = None if deadline is None else max(0.0, deadline - loop.time())
+    try:
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+    except asyncio.CancelledError:
+        _abandon(future, name)
+        raise
+    if future in done:
+        return future.result()
+    _abandon(future, name)
+    raise TimeoutError
+
+
+def _abandon(future: asyncio.Future[object], name: str) -> None:
+    future.cancel()
+    if future.done():
+        return
+    _ABANDONED.add(future)
+
+    def _ended(f: asyncio.Future[object]) -> None:
+        _ABANDONED.discard(f)
+        if not f.cancelled() and f.exception() is not None:
+            log.warning("abandoned cleanup callback %r failed later: %r", name, f.exception())
+
+    future.add_done_callback(_ended)
 
 
 class EpisodeCleanupContext:

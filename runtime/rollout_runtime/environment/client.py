@@ -5,7 +5,9 @@
   (:class:`RolloutTimeout` for timeouts, else :class:`RolloutInfraFailure`);
 - a terminal episode failure -> :class:`RolloutTerminalDataFailure` (the dispatcher stops at once);
 - a 4xx without an episode reply (the request was refused) or a reply that fails validation ->
-  :class:`RolloutDataFailure`; a 5xx/408/425/429 without one -> :class:`GymTransportError`.
+  :class:`RolloutDataFailure`; a 5xx/408/425/429 without one -> :class:`GymTransportError`;
+- ``episode_in_progress`` (409: a previous attempt of the same ``episode_id`` is still live there) is infra
+  whichever way it arrives: as a non-terminal episode failure (what the base server sends) or as a bare error.
 
 Every failure leaves :meth:`EnvironmentClient.run_episode` already converted by
 :func:`rollout_runtime.failures.to_picklable_failure`, so it may cross a Ray actor or process boundary as is.
@@ -22,7 +24,12 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from rollout_runtime.environment.checkpoint.state import CheckpointManifest
-from rollout_runtime.environment.episode_failure import ADMISSION_TIMEOUT, EPISODE_TIMEOUT, EpisodeFailure
+from rollout_runtime.environment.episode_failure import (
+    ADMISSION_TIMEOUT,
+    EPISODE_IN_PROGRESS,
+    EPISODE_TIMEOUT,
+    EpisodeFailure,
+)
 from rollout_runtime.environment.failures import bound_reason
 from rollout_runtime.environment.protocol import EpisodeResponse
 from rollout_runtime.failures import (
@@ -55,13 +62,27 @@ def rollout_failure_for_episode(failure: EpisodeFailure, *, status: int | None =
 
 
 def rollout_failure_for_http_error(status: int, body: str) -> RolloutFailure:
-    """Map an HTTP error without an episode reply by its status, via the one retriable-status table."""
+    """Map an HTTP error without an episode reply by its status, via the one retriable-status table.
+
+    The one exception is the refusal of a duplicate attempt (error code ``episode_in_progress``): the request is
+    fine, the previous attempt is just still live, so it is infra whatever its status.
+    """
     reason = _error_message(body)
-    if http_status_is_infra(status):
+    if http_status_is_infra(status) or _error_code(body) == EPISODE_IN_PROGRESS:
         return GymTransportError(bound_reason(f"environment server answered HTTP {status}: {reason}"), status=status)
     return RolloutDataFailure(
         bound_reason(f"environment server refused the episode request (HTTP {status}): {reason}"), status=status
     )
+
+
+def _error_code(body: str) -> str | None:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _error_message(body: str) -> str:

@@ -37,6 +37,12 @@ class EnvironmentServerConfig(BaseModel):
     cleanup_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
     """Bound on each cleanup callback during final unwinding."""
 
+    duplicate_attempt_wait_seconds: Annotated[float, Field(ge=0)] = 10.0
+    """How long an attempt waits for a live attempt of the same ``episode_id`` to end before it is refused
+    (409 ``episode_in_progress``, retried by the runtime as infra); 0 refuses at once."""
+    remembered_episodes: Annotated[int, Field(ge=0)] = 1024
+    """Finished episodes whose result a later attempt with the same id and input gets again (0: none)."""
+
     max_request_bytes: Annotated[int, Field(gt=0)] = 1 * _MiB
     """Larger episode requests are refused with 413 before they are parsed."""
 

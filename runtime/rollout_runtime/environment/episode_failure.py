@@ -43,6 +43,8 @@ EPISODE_TIMEOUT: Final[str] = "episode_timeout"
 ADMISSION_TIMEOUT: Final[str] = "admission_timeout"
 ADMISSION_REJECTED: Final[str] = "admission_rejected"
 UNHANDLED_EXCEPTION: Final[str] = "unhandled_exception"
+EPISODE_IN_PROGRESS: Final[str] = "episode_in_progress"
+"""Another attempt of the same episode_id is still live on the server: a non-terminal refusal (409)."""
 DEPENDENCY_FAILED: Final[str] = "dependency_failed"
 
 Reason = Annotated[str, Field(max_length=MAX_FAILURE_REASON_CHARS)]

@@ -61,7 +61,7 @@ async def json_errors_middleware(request: web.Request, handler: Handler) -> web.
 
 
 async def read_json_body(request: web.Request, limit: int) -> Any:
-    """Read at most ``limit`` bytes of JSON; 413 beyond it, 400 for anything that is not JSON."""
+    """Read at most ``limit`` bytes of JSON; 413 beyond it, 400 for anything that is not JSON Python can parse."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise RequestRejected(413, "request_too_large", f"request body of {declared} bytes exceeds {limit} bytes")
@@ -78,6 +78,10 @@ async def read_json_body(request: web.Request, limit: int) -> Any:
         raise RequestRejected(400, "malformed_json", "the request body is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise RequestRejected(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # valid JSON Python refuses to parse: an integer beyond int's max string digits
+        reason = str(exc).split(";", 1)[0]
+        message = f"the request body holds a value that cannot be parsed: {reason}"
+        raise RequestRejected(400, "malformed_json", message) from None
     except RecursionError:  # json's C scanner recurses per nesting level: a small body can be deep enough
         raise RequestRejected(400, "malformed_json", "the request body is nested too deeply") from None
 

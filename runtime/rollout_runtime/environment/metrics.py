@@ -10,10 +10,13 @@ from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["EPISODE_OUTCOMES", "EnvironmentMetrics", "EpisodeOutcome"]
+__all__ = ["DUPLICATE_ATTEMPT_ACTIONS", "EPISODE_OUTCOMES", "STORE_OPERATIONS", "EnvironmentMetrics", "EpisodeOutcome"]
 
 EpisodeOutcome = Literal["success", "failed", "timeout", "rejected"]
 EPISODE_OUTCOMES: Final[tuple[EpisodeOutcome, ...]] = ("success", "failed", "timeout", "rejected")
+DuplicateAttemptAction = Literal["waited", "refused", "replayed"]
+DUPLICATE_ATTEMPT_ACTIONS: Final[tuple[DuplicateAttemptAction, ...]] = ("waited", "refused", "replayed")
+STORE_OPERATIONS: Final[tuple[str, ...]] = ("load", "save", "delete")
 
 _DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -63,6 +66,30 @@ class EnvironmentMetrics:
             "Episodes waiting for a concurrency slot. Persistently non-zero means the server is saturated.",
             registry=self.registry,
         )
+        self.duplicate_attempts = Counter(
+            "environment_duplicate_attempts_total",
+            "Attempts that arrived while their episode_id had a live attempt here, or had already finished, by "
+            "action: waited (for the live one to end), refused (409 episode_in_progress: it was still live), "
+            "replayed (got the finished result again). Steady refusals: callers redispatch faster than attempts end.",
+            ["action"],
+            registry=self.registry,
+        )
+        self.attempts_waiting = Gauge(
+            "environment_episode_attempts_waiting",
+            "Attempts waiting for a live attempt of the same episode_id to end (it is being cancelled or finishing).",
+            registry=self.registry,
+        )
+        self.checkpoint_store_failures = Counter(
+            "environment_checkpoint_store_failures_total",
+            "Checkpoint store calls that failed with a storage error, by operation (load, save, delete). "
+            "Any is an operator problem: a read-only or full volume, a path that is not a file.",
+            ["operation"],
+            registry=self.registry,
+        )
+        for action in DUPLICATE_ATTEMPT_ACTIONS:
+            self.duplicate_attempts.labels(action=action)
+        for operation in STORE_OPERATIONS:
+            self.checkpoint_store_failures.labels(operation=operation)
         for outcome in EPISODE_OUTCOMES:  # every series exists from the start, at zero
             self.episodes.labels(outcome=outcome)
             self.episode_duration.labels(outcome=outcome)
@@ -75,3 +102,9 @@ class EnvironmentMetrics:
 
     def dependency_failed(self, *, retryable: bool) -> None:
         self.dependency_failures.labels(retryable="true" if retryable else "false").inc()
+
+    def duplicate_attempt(self, action: DuplicateAttemptAction) -> None:
+        self.duplicate_attempts.labels(action=action).inc()
+
+    def checkpoint_store_failed(self, operation: str) -> None:
+        self.checkpoint_store_failures.labels(operation=operation).inc()

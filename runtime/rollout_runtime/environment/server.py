@@ -4,7 +4,8 @@ A concrete server subclasses :class:`BaseEnvironmentServer` with its request/res
 :meth:`~BaseEnvironmentServer.run_episode`. Every episode then goes through the same path
 (:meth:`~BaseEnvironmentServer.serve_episode`): admission (bounded queue, timed), tracking, checkpoint continuation,
 the episode deadline (parked time excluded), failure adaptation, LIFO cleanup, metrics. Episode replies are 200
-when the episode ran (succeeded or failed), 503 when it was never admitted, 4xx when the request itself is bad.
+when the episode ran (succeeded or failed), 503 when it was never admitted or the checkpoint store failed, 409
+(non-terminal) when another attempt of the same ``episode_id`` is still live, 4xx when the request itself is bad.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from rollout_runtime.environment.aggregation import RolloutScore, TaskMetrics, aggregate_rollout_scores
+from rollout_runtime.environment.attempts import Attempt, EpisodeAttempts, EpisodeInProgress
 from rollout_runtime.environment.checkpoint import (
     CheckpointAborted,
     CheckpointCoordinator,
     CheckpointingOff,
     CheckpointMismatch,
     CheckpointStore,
+    CheckpointStoreError,
     CorruptCheckpointError,
     EpisodeSteps,
     FilesystemCheckpointStore,
@@ -38,6 +41,7 @@ from rollout_runtime.environment.episode import EpisodeContext
 from rollout_runtime.environment.episode_failure import (
     ADMISSION_REJECTED,
     ADMISSION_TIMEOUT,
+    EPISODE_IN_PROGRESS,
     EPISODE_TIMEOUT,
     HandledEpisodeFailure,
     handled_episode_failure,
@@ -68,6 +72,11 @@ EpisodeResponseT = TypeVar("EpisodeResponseT", bound=EpisodeResponse)
 
 SERVER_KEY: web.AppKey[BaseEnvironmentServer[Any, Any]] = web.AppKey("environment_server")
 CHECKPOINT_REJECTED = "checkpoint_rejected"
+CHECKPOINT_STORE_FAILED = "checkpoint_store_failed"
+"""The checkpoint store failed (an OSError): a non-terminal failure, replied with 503."""
+EPISODE_IN_PROGRESS_STATUS = 409
+"""A conflict with the live attempt, not a sick server; the reply's failure is non-terminal, so the runtime's
+client retries it as infra (by the failure, not the status)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,10 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         self.metrics = metrics or EnvironmentMetrics()
         if checkpoint_store is None and self.config.checkpoint_dir is not None:
             checkpoint_store = FilesystemCheckpointStore(self.config.checkpoint_dir)
-        self.checkpoints = CheckpointCoordinator(checkpoint_store, protocol=self.protocol_name)
+        self.checkpoints = CheckpointCoordinator(
+            checkpoint_store, protocol=self.protocol_name, on_store_failure=self.metrics.checkpoint_store_failed
+        )
+        self.attempts: EpisodeAttempts[EpisodeResult] = EpisodeAttempts(capacity=self.config.remembered_episodes)
         self.limiter = AdmissionLimiter(
             self.config.max_concurrent_episodes,
             max_queued=self.config.max_queued_episodes,
@@ -130,6 +142,7 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         self.draining = False
         self.metrics.episodes_in_flight.set_function(lambda: len(self.episodes))
         self.metrics.admission_queue_depth.set_function(lambda: self.limiter.queued)
+        self.metrics.attempts_waiting.set_function(lambda: self.attempts.waiting)
 
     # -- the protocol a concrete server implements -------------------------------------------------------------
 
@@ -162,12 +175,35 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
     # -- the lifecycle every episode goes through -----------------------------------------------------------------
 
     async def serve_episode(self, request: EpisodeRequestT) -> EpisodeResult:
-        """Admit, track, run, clean up and account one episode. Never raises except on cancellation."""
+        """Claim the episode's identity, admit, track, run, clean up and account one episode.
+
+        Never raises except on cancellation. See :mod:`rollout_runtime.environment.attempts` for what a second
+        attempt of a live or finished episode gets.
+        """
         loop = asyncio.get_running_loop()
         started = loop.time()
+        digest = input_digest(request.model_dump(mode="json"))
+        if (replayed := self._finished_result(request, digest)) is not None:
+            return replayed
+        if self.attempts.live(request.episode_id) is not None:
+            self.metrics.duplicate_attempt("waited")
         try:
+            attempt = await self.attempts.acquire(
+                request.episode_id, wait_seconds=self.config.duplicate_attempt_wait_seconds
+            )
+        except EpisodeInProgress as exc:
+            self.metrics.duplicate_attempt("refused")
+            log.warning("episode %s: %s", request.episode_id, exc)
+            failure = handled_episode_failure(
+                "episode_identity", str(exc), terminal=False, failure_kind=EPISODE_IN_PROGRESS
+            )
+            self.metrics.episode_finished("rejected", loop.time() - started)
+            return EpisodeResult(self._adapt(request, failure), EPISODE_IN_PROGRESS_STATUS, "rejected")
+        try:
+            if (replayed := self._finished_result(request, digest)) is not None:  # the one we waited for finished
+                return replayed
             async with self.limiter.slot():
-                return await self._run_admitted(request, started)
+                return await self._run_admitted(request, attempt, digest, started)
         except AdmissionRejected as exc:
             failure = handled_episode_failure(
                 "admission",
@@ -177,14 +213,26 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
             )
             self.metrics.episode_finished("rejected", loop.time() - started)
             return EpisodeResult(self._adapt(request, failure), 503, "rejected")
+        finally:
+            self.attempts.release(attempt)
 
-    async def _run_admitted(self, request: EpisodeRequestT, started: float) -> EpisodeResult:
+    def _finished_result(self, request: EpisodeRequestT, digest: str) -> EpisodeResult | None:
+        result = self.attempts.finished(request.episode_id, digest)
+        if result is not None:
+            self.metrics.duplicate_attempt("replayed")
+            log.info("episode %s already finished here: replying with its result", request.episode_id)
+        return result
+
+    async def _run_admitted(
+        self, request: EpisodeRequestT, attempt: Attempt, digest: str, started: float
+    ) -> EpisodeResult:
         loop = asyncio.get_running_loop()
         steps = EpisodeSteps(
             self.checkpoints,
             episode_id=request.episode_id,
-            input_digest=input_digest(request.model_dump(mode="json")),
+            input_digest=digest,
             exported=self.checkpoint_mode == "exported",
+            attempt=attempt,
         )
         episode = EpisodeContext(
             request.episode_id, cleanup=EpisodeCleanupContext(self.config.cleanup_timeout_seconds), steps=steps
@@ -195,29 +243,38 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         except BaseException:  # cancelled (shutdown, caller gone): release, keep any checkpoint, account, re-raise
             steps.finished = True
             self.checkpoints.untrack(steps)
-            self.episodes.discard(episode)
             try:
                 await episode.cleanup.aclose()
             finally:
+                self.episodes.discard(episode)  # in flight until its cleanup is done, as on the normal path
                 self.metrics.cleanup_failures.inc(len(episode.cleanup.failures))
                 self.metrics.episode_finished("failed", loop.time() - started)
             raise
         await episode.cleanup.aclose()
         self.metrics.cleanup_failures.inc(len(episode.cleanup.failures))
+        finished = not _keeps_checkpoint(failure)
         try:
-            await steps.finish(keep_checkpoint=_keeps_checkpoint(failure))
+            await steps.finish(keep_checkpoint=not finished)
+        except CheckpointStoreError as exc:  # e.g. a read-only directory: the memory below still stops a rerun
+            log.error("episode %s: could not drop its checkpoint: %s", request.episode_id, exc)
         except Exception:
             log.exception("episode %s: could not drop its checkpoint", request.episode_id)
         self.episodes.discard(episode)
         outcome: EpisodeOutcome = "success"
+        status = 200
         if failure is not None:
             if failure.dependency:
                 self.metrics.dependency_failed(retryable=not failure.terminal)
             outcome = "timeout" if failure.event.kind == EPISODE_TIMEOUT else "failed"
+            if failure.event.kind == CHECKPOINT_STORE_FAILED:
+                status = 503  # the server's storage is sick: infra by status too (http_status_is_infra)
             response = self._adapt(request, failure)
         assert response is not None
         self.metrics.episode_finished(outcome, loop.time() - started)
-        return EpisodeResult(response, 200, outcome)
+        result = EpisodeResult(response, status, outcome)
+        if finished:
+            self.attempts.remember(request.episode_id, digest, result)
+        return result
 
     async def _attempt(
         self, request: EpisodeRequestT, episode: EpisodeContext
@@ -247,6 +304,10 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
             log.error("episode %s: %s", request.episode_id, exc)
             return None, handled_episode_failure(
                 "checkpoint", str(exc), terminal=True, failure_kind=CHECKPOINT_REJECTED, error_type=type(exc).__name__
+            )
+        except CheckpointStoreError as exc:
+            return None, handled_episode_failure(
+                "checkpoint", str(exc), terminal=False, failure_kind=CHECKPOINT_STORE_FAILED, error_type="OSError"
             )
         except Exception as exc:
             return None, self._unhandled(request, exc)
@@ -307,7 +368,7 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         except ValidationError as exc:
             raise validation_rejection(exc) from None
         result = await self.serve_episode(request)
-        headers = {"Retry-After": "1"} if result.http_status == 503 else None
+        headers = {"Retry-After": "1"} if result.http_status in (503, EPISODE_IN_PROGRESS_STATUS) else None
         return web.json_response(text=result.response.model_dump_json(), status=result.http_status, headers=headers)
 
     async def handle_health(self, _: web.Request) -> web.Response:
@@ -316,6 +377,7 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
             "protocol": self.protocol_name,
             "episodes_in_flight": len(self.episodes),
             "admission_queue_depth": self.limiter.queued,
+            "attempts_waiting": self.attempts.waiting,
             "max_concurrent_episodes": self.config.max_concurrent_episodes,
             "checkpointing": self.checkpoints.enabled,
             "checkpoint_open": self.checkpoints.is_open,
@@ -336,7 +398,7 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
             return error_response(409, "checkpointing_off", str(exc))
         except CheckpointAborted as exc:
             return error_response(409, "checkpoint_aborted", str(exc))
-        except OSError as exc:
+        except OSError as exc:  # a CheckpointStoreError, or a store that raised past it
             log.exception("checkpoint export failed")
             return error_response(
                 500,
@@ -371,9 +433,15 @@ class BaseEnvironmentServer(abc.ABC, Generic[EpisodeRequestT, EpisodeResponseT])
         """Serve on ``config.host:config.port`` (port 0: a free one); returns the bound address.
 
         On stop, episodes in flight get ``shutdown_grace_seconds`` to finish; then they are cancelled, and their
-        cleanup still runs (shielded, bounded).
+        cleanup still runs (shielded, bounded). A caller that disconnects cancels its episode the same way
+        (``handler_cancellation``): nobody is left to read the reply, and a redispatch may be waiting for it.
         """
-        runner = web.AppRunner(app or self.setup_webserver(), access_log=None, shutdown_timeout=shutdown_grace_seconds)
+        runner = web.AppRunner(
+            app or self.setup_webserver(),
+            access_log=None,
+            shutdown_timeout=shutdown_grace_seconds,
+            handler_cancellation=True,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
         await site.start()

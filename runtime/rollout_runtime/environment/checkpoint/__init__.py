@@ -19,6 +19,7 @@ from rollout_runtime.environment.checkpoint.state import (
 from rollout_runtime.environment.checkpoint.steps import CheckpointMismatch, EpisodeSteps, seed_restarts
 from rollout_runtime.environment.checkpoint.store import (
     CheckpointStore,
+    CheckpointStoreError,
     CorruptCheckpointError,
     FilesystemCheckpointStore,
     MemoryCheckpointStore,
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointMismatch",
     "CheckpointRecord",
     "CheckpointStore",
+    "CheckpointStoreError",
     "CheckpointingOff",
     "CorruptCheckpointError",
     "EpisodeSteps",

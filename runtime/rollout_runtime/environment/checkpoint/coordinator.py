@@ -4,17 +4,24 @@ An episode holds up a checkpoint only while it is *busy*: from the start of a ``
 state that step produced. Parked episodes, episodes running a ``replay`` step, episodes that have not started a
 step, and restart-only episodes never hold it up. Once no tracked episode is busy, every tracked episode with a
 recorded state is written to the store; the manifest names them. Episodes stay parked until :meth:`resume`.
+
+Every store call goes through the coordinator: an ``OSError`` from the store becomes a
+:class:`~rollout_runtime.environment.checkpoint.store.CheckpointStoreError` (an infra failure with its reason), and
+only an episode's live attempt (its fencing token, see :mod:`rollout_runtime.environment.attempts`) may export or
+drop that episode's record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from rollout_runtime.environment.checkpoint.state import CheckpointManifest, CheckpointRecord, ExportedEpisode
-from rollout_runtime.environment.checkpoint.store import CheckpointStore
+from rollout_runtime.environment.checkpoint.store import CheckpointStore, CheckpointStoreError
 
 if TYPE_CHECKING:
     from rollout_runtime.environment.checkpoint.steps import EpisodeSteps
@@ -22,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointAborted", "CheckpointCoordinator", "CheckpointingOff"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class CheckpointingOff(RuntimeError):
@@ -35,9 +44,17 @@ class CheckpointAborted(RuntimeError):
 class CheckpointCoordinator:
     """Tracks the episodes that take part in checkpoints and runs open/export/resume."""
 
-    def __init__(self, store: CheckpointStore | None, *, protocol: str = "") -> None:
+    def __init__(
+        self,
+        store: CheckpointStore | None,
+        *,
+        protocol: str = "",
+        on_store_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.store = store
         self.protocol = protocol
+        self._on_store_failure = on_store_failure
+        """Told the operation (``load``, ``save``, ``delete``) of every store call that failed."""
         self._participants: set[EpisodeSteps] = set()
         self._open = False
         self._resumed = asyncio.Event()
@@ -110,12 +127,35 @@ class CheckpointCoordinator:
         self._resumed.set()
         return was_open
 
+    async def load(self, steps: EpisodeSteps) -> CheckpointRecord | None:
+        """The record a previous attempt left, once the store is known to be able to drop it again."""
+        store = self.store
+        assert store is not None
+        ensure_writable: Callable[[], Awaitable[None]] | None = getattr(store, "ensure_writable", None)
+        if ensure_writable is not None:
+            await self._storage("load", steps.episode_id, ensure_writable)
+        return await self._storage("load", steps.episode_id, lambda: store.load(steps.episode_id))
+
     async def forget(self, steps: EpisodeSteps) -> None:
-        """The episode finished (or became restart-only): drop it and its stored record."""
+        """The episode finished (or became restart-only): drop it and its stored record (live attempts only)."""
         self.untrack(steps)
-        if self.store is not None:
-            async with self._store_lock:
-                await self.store.delete(steps.episode_id)
+        store = self.store
+        if store is None:
+            return
+        if not steps.owns_checkpoint:
+            log.warning("episode %s: a stale attempt leaves the checkpoint to the live one", steps.episode_id)
+            return
+        async with self._store_lock:
+            await self._storage("delete", steps.episode_id, lambda: store.delete(steps.episode_id))
+
+    async def _storage(self, operation: str, episode_id: str, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except OSError as exc:
+            log.error("checkpoint store: %s of episode %s failed: %s", operation, episode_id, exc)
+            if self._on_store_failure is not None:
+                self._on_store_failure(operation)
+            raise CheckpointStoreError(operation, episode_id, exc) from exc
 
     async def _run_export(self) -> CheckpointManifest:
         while True:
@@ -127,11 +167,14 @@ class CheckpointCoordinator:
             await self._changed.wait()
         checkpoint_id = uuid.uuid4().hex
         exported: dict[str, ExportedEpisode] = {}
-        assert self.store is not None
+        store = self.store
+        assert store is not None
         async with self._store_lock:
             for p in sorted(self._participants, key=lambda p: p.episode_id):
                 if p.finished or p.latest is None:
                     continue  # not started a step yet: a restore starts it over from its input
+                if not p.owns_checkpoint:
+                    continue  # an abandoned attempt never overwrites its successor's state
                 record = CheckpointRecord(
                     episode_id=p.episode_id,
                     protocol=self.protocol,
@@ -140,7 +183,7 @@ class CheckpointCoordinator:
                     steps_recorded=p.steps_recorded,
                     state=p.latest,
                 )
-                await self.store.save(record)
+                await self._storage("save", p.episode_id, functools.partial(store.save, record))
                 exported[p.episode_id] = ExportedEpisode(next_step=p.latest.next_step, steps_recorded=p.steps_recorded)
         log.info("checkpoint %s exported %d episode(s)", checkpoint_id, len(exported))
         return CheckpointManifest(checkpoint_id=checkpoint_id, episodes=exported)

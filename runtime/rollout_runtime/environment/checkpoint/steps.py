@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from rollout_runtime.environment.attempts import Attempt
 from rollout_runtime.environment.checkpoint.coordinator import CheckpointCoordinator
 from rollout_runtime.environment.checkpoint.state import ProtocolState, StepMode
 
@@ -52,8 +53,11 @@ class EpisodeSteps:
         episode_id: str,
         input_digest: str,
         exported: bool = True,
+        attempt: Attempt | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self.attempt = attempt
+        """The attempt these steps belong to (its fencing token); None: not fenced (used outside a server)."""
         self.episode_id = episode_id
         self.input_digest = input_digest
         self.busy = False
@@ -67,6 +71,11 @@ class EpisodeSteps:
         self._continuation: ProtocolState | None = None
 
     @property
+    def owns_checkpoint(self) -> bool:
+        """Whether these steps may export or drop the episode's stored record: only its live attempt's may."""
+        return self.attempt is None or self.attempt.live
+
+    @property
     def participating(self) -> bool:
         return self.coordinator.enabled and not self.restart and not self.finished
 
@@ -74,8 +83,7 @@ class EpisodeSteps:
         """Join checkpoints and load this episode's exported state, if a previous attempt left one."""
         if not self.participating:
             return
-        assert self.coordinator.store is not None
-        record = await self.coordinator.store.load(self.episode_id)
+        record = await self.coordinator.load(self)
         if record is not None:
             if record.input_digest != self.input_digest:
                 raise CheckpointMismatch(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from rollout_runtime.environment.checkpoint.state import EPISODE_ID_PATTERN, Che
 
 __all__ = [
     "CheckpointStore",
+    "CheckpointStoreError",
     "CorruptCheckpointError",
     "FilesystemCheckpointStore",
     "MemoryCheckpointStore",
@@ -46,6 +48,22 @@ class CorruptCheckpointError(Exception):
         )
         self.path = str(path)
         self.problem = problem
+
+
+class CheckpointStoreError(OSError):
+    """The store's storage failed (an ``OSError``: a read-only directory, a path that is a directory, a full disk).
+
+    An infrastructure failure, not the episode's: another attempt, on a server with working storage, may succeed.
+    Still an ``OSError`` (with the original ``errno``), so code that caught the store's own errors keeps working.
+    """
+
+    def __init__(self, operation: str, episode_id: str, error: OSError) -> None:
+        super().__init__(
+            f"the checkpoint store could not {operation} episode {episode_id!r}: {type(error).__name__}: {error}"
+        )
+        self.errno = error.errno
+        self.operation = operation
+        self.episode_id = episode_id
 
 
 @runtime_checkable
@@ -105,6 +123,20 @@ class FilesystemCheckpointStore:
 
     async def delete(self, episode_id: str) -> None:
         await asyncio.to_thread(self._delete, episode_id)
+
+    async def ensure_writable(self) -> None:
+        """Raise ``OSError`` unless records can be replaced and dropped here (checked before an episode starts).
+
+        An attempt that cannot drop its checkpoint when it finishes would leave a finished episode to be continued.
+        Stores without this method are assumed writable.
+        """
+        await asyncio.to_thread(self._ensure_writable)
+
+    def _ensure_writable(self) -> None:
+        if not self.directory.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "the checkpoint directory is missing", str(self.directory))
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "the checkpoint directory is not writable", str(self.directory))
 
     def _save(self, record: CheckpointRecord) -> None:
         path = self.path_for(record.episode_id)
