@@ -3,18 +3,28 @@
 from typing import TYPE_CHECKING, Any
 
 from rollout_runtime.shards.local import LocalShardSource
-from rollout_runtime.shards.model import HealthySet, Shard, ShardSource, StaticShardSource, revision_of
+from rollout_runtime.shards.model import (
+    DEFAULT_FLEET,
+    HealthySet,
+    Shard,
+    ShardSource,
+    StaticShardSource,
+    fleet_identity,
+    revision_of,
+)
 
 if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
 
 __all__ = [
+    "DEFAULT_FLEET",
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
     "Shard",
     "ShardSource",
     "StaticShardSource",
+    "fleet_identity",
     "revision_of",
 ]
 
