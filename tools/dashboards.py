@@ -5,8 +5,9 @@ Build-time only, so neither the wheel nor the operator image carries it (nor its
 (``charts/rollout-fleet/dashboards/*.json``, loaded into ConfigMaps with ``.Files.Glob``) is this module's output,
 committed; a test regenerates it and fails on any difference, so a panel is changed here and never by hand.
 Panels query only metrics the code registers (names in docs/metrics.md; a test checks), with template variables
-``$datasource``, ``$namespace``/``$fleet`` (operator metrics) and ``$job``/``$instance`` (runtime and
-environment-server metrics: labels of the scrape target).
+``$datasource``, ``$namespace``/``$fleet`` (operator metrics, and the runtime's: each ``rollout_*`` sample names the
+fleet its dispatcher follows) and ``$job``/``$instance`` (runtime and environment-server metrics: labels of the
+scrape target). Every dashboard links to the others by their common tag, keeping the time range and variables.
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ _RATE = "$__rate_interval"
 # Operator metrics: filter by the fleet's namespace (and fleet where the metric has that label).
 _NS = 'namespace=~"$namespace"'
 _FLEET = 'namespace=~"$namespace", fleet=~"$fleet"'
-# Runtime metrics: filter by the trainer's scrape target.
+# Environment-server metrics: filter by the server's scrape target.
 _RUN = 'job=~"$job", instance=~"$instance"'
+# Runtime metrics: by the fleet the dispatcher follows (namespace empty outside Kubernetes) and the trainer's target.
+_ROLL = 'namespace=~"$namespace", fleet=~"$fleet", job=~"$job", instance=~"$instance"'
+# The series a runtime panel draws: one per trainer process and fleet.
+_TRAINER = "namespace, fleet, job, instance"
+_TRAINER_LEGEND = "{{fleet}} {{instance}}"
 
 
 def _query(expr: str, legend: str, ref_id: str) -> prom.Dataquery:
@@ -134,6 +140,15 @@ def _dashboard(uid: str, title: str, description: str, variables: list[Any]) -> 
         .time("now-3h", "now")
         .timezone("browser")
         .variables(variables)
+        .link(
+            dash.DashboardLink("rollout-fleet dashboards")
+            .type(model.DashboardLinkType.DASHBOARDS)
+            .tags(_TAGS)
+            .as_dropdown(True)
+            .keep_time(True)
+            .include_vars(True)
+            .tooltip("The other rollout-fleet dashboards, same time range and variables")
+        )
     )
 
 
@@ -281,8 +296,14 @@ def rollouts_dashboard() -> dash.Dashboard:
         "Rollout dispatch in the trainer (rollout_* metrics of rollout_runtime): outcomes, failure classes, "
         "redispatches, stalls and ejections.",
         _variables(
-            ("job", "Job", "label_values(rollout_attempts_total, job)"),
-            ("instance", "Instance", 'label_values(rollout_attempts_total{job=~"$job"}, instance)'),
+            ("namespace", "Namespace", "label_values(rollout_attempts_total, namespace)"),
+            ("fleet", "Fleet", 'label_values(rollout_attempts_total{namespace=~"$namespace"}, fleet)'),
+            ("job", "Job", 'label_values(rollout_attempts_total{namespace=~"$namespace", fleet=~"$fleet"}, job)'),
+            (
+                "instance",
+                "Instance",
+                'label_values(rollout_attempts_total{namespace=~"$namespace", fleet=~"$fleet", job=~"$job"}, instance)',
+            ),
         ),
     )
     board = board.with_row(dash.Row("Progress"))
@@ -296,7 +317,7 @@ def rollouts_dashboard() -> dash.Dashboard:
         .datasource(_DATASOURCE)
         .targets(
             _targets(
-                [(f"time() - max by (job, instance) (rollout_last_commit_timestamp_seconds{{{_RUN}}})", "{{instance}}")]
+                [(f"time() - max by ({_TRAINER}) (rollout_last_commit_timestamp_seconds{{{_ROLL}}})", _TRAINER_LEGEND)]
             )
         )
         .unit(units.Seconds)
@@ -312,7 +333,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Rollouts in flight",
             "Attempts running now. In flight with no commits is a stall; in flight near zero with prompts queued "
             "means no healthy shard.",
-            [(f"sum by (job, instance) (rollout_in_flight{{{_RUN}}})", "{{instance}}")],
+            [(f"sum by ({_TRAINER}) (rollout_in_flight{{{_ROLL}}})", _TRAINER_LEGEND)],
             units.Short,
             width=9,
         )
@@ -321,7 +342,7 @@ def rollouts_dashboard() -> dash.Dashboard:
         _timeseries(
             "Healthy shards seen by the runtime",
             "Shards the runtime may dispatch to: the healthy set it follows minus the shards it ejected itself.",
-            [(f"sum by (job, instance) (rollout_healthy_shards{{{_RUN}}})", "{{instance}}")],
+            [(f"sum by ({_TRAINER}) (rollout_healthy_shards{{{_ROLL}}})", _TRAINER_LEGEND)],
             units.Short,
             width=9,
         )
@@ -331,7 +352,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Prompts by result",
             "Prompts finished per second: completed, data-failed (reported with a reason, never trained on) or "
             "skipped (policy allowed skipping after the infra budget ran out).",
-            [(f"sum by (result) (rate(rollout_prompts_total{{{_RUN}}}[{_RATE}]))", "{{result}}")],
+            [(f"sum by (result) (rate(rollout_prompts_total{{{_ROLL}}}[{_RATE}]))", "{{result}}")],
             units.OpsPerSecond,
             stacked=True,
         )
@@ -344,7 +365,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             [
                 (
                     f"histogram_quantile({q}, sum by (le, outcome) "
-                    f"(rate(rollout_attempt_duration_seconds_bucket{{{_RUN}}}[{_RATE}])))",
+                    f"(rate(rollout_attempt_duration_seconds_bucket{{{_ROLL}}}[{_RATE}])))",
                     f"{{{{outcome}}}} p{round(q * 100)}",
                 )
                 for q in (0.5, 0.95)
@@ -358,7 +379,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Attempts by outcome",
             "Attempts per second by outcome. infra_failure attempts are redispatched; data_failure attempts use "
             "the prompt's small data budget.",
-            [(f"sum by (outcome) (rate(rollout_attempts_total{{{_RUN}}}[{_RATE}]))", "{{outcome}}")],
+            [(f"sum by (outcome) (rate(rollout_attempts_total{{{_ROLL}}}[{_RATE}]))", "{{outcome}}")],
             units.OpsPerSecond,
             stacked=True,
         )
@@ -370,7 +391,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "type.",
             [
                 (
-                    f"sum by (failure_class, failure_type) (rate(rollout_failures_total{{{_RUN}}}[{_RATE}]))",
+                    f"sum by (failure_class, failure_type) (rate(rollout_failures_total{{{_ROLL}}}[{_RATE}]))",
                     "{{failure_class}} {{failure_type}}",
                 )
             ],
@@ -384,9 +405,9 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Fraction of attempts that failed as DATA. Alert RolloutDataFailureSpike fires above 5% for 5 minutes.",
             [
                 (
-                    f'sum by (job, instance) (rate(rollout_attempts_total{{{_RUN}, outcome="data_failure"}}[{_RATE}]))'
-                    f" / sum by (job, instance) (rate(rollout_attempts_total{{{_RUN}}}[{_RATE}]))",
-                    "{{instance}}",
+                    f'sum by ({_TRAINER}) (rate(rollout_attempts_total{{{_ROLL}, outcome="data_failure"}}[{_RATE}]))'
+                    f" / sum by ({_TRAINER}) (rate(rollout_attempts_total{{{_ROLL}}}[{_RATE}]))",
+                    _TRAINER_LEGEND,
                 )
             ],
             units.PercentUnit,
@@ -400,12 +421,12 @@ def rollouts_dashboard() -> dash.Dashboard:
             "redispatch budget (alert RolloutRedispatchExhausted).",
             [
                 (
-                    f"sum by (job, instance) (rate(rollout_redispatches_total{{{_RUN}}}[{_RATE}]))",
-                    "{{instance}} redispatched",
+                    f"sum by ({_TRAINER}) (rate(rollout_redispatches_total{{{_ROLL}}}[{_RATE}]))",
+                    f"{_TRAINER_LEGEND} redispatched",
                 ),
                 (
-                    f"sum by (job, instance) (increase(rollout_redispatch_exhausted_total{{{_RUN}}}[{_RATE}]))",
-                    "{{instance}} exhausted",
+                    f"sum by ({_TRAINER}) (increase(rollout_redispatch_exhausted_total{{{_ROLL}}}[{_RATE}]))",
+                    f"{_TRAINER_LEGEND} exhausted",
                 ),
             ],
             units.OpsPerSecond,
@@ -417,7 +438,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Stall watchdog",
             "Watchdog firings per interval by action (warn, abort): rollouts were in flight but none committed "
             "within the deadline.",
-            [(f"sum by (action) (increase(rollout_stalls_total{{{_RUN}}}[{_RATE}]))", "{{action}}")],
+            [(f"sum by (action) (increase(rollout_stalls_total{{{_ROLL}}}[{_RATE}]))", "{{action}}")],
             units.Short,
             width=8,
             bars=True,
@@ -429,7 +450,7 @@ def rollouts_dashboard() -> dash.Dashboard:
             "Ejections by shard",
             "Passive outlier ejections per interval by shard: an infra failure removed the shard from this "
             "runtime's view until a probe succeeds or the (growing) ejection time passes.",
-            [(f"sum by (shard) (increase(rollout_ejections_total{{{_RUN}}}[{_RATE}]))", "{{shard}}")],
+            [(f"sum by (shard) (increase(rollout_ejections_total{{{_ROLL}}}[{_RATE}]))", "{{shard}}")],
             units.Short,
             width=24,
             bars=True,

@@ -2,7 +2,10 @@
 
 Names, types and labels are the contract with docs/metrics.md, the dashboards and the alerts: do not rename.
 Labels are bounded: outcomes, failure classes, exception class names and shard names, never a prompt or a
-message.
+message. Every sample also carries the constant labels ``fleet`` and ``namespace``: the RolloutFleet the dispatcher
+follows (from its shard source, see :func:`rollout_runtime.shards.fleet_identity`), so dashboards and alerts can
+tell one trainer's fleets apart without relying on scrape-target labels. One value each per instance: they add no
+series, they only name the ones there are.
 
 The dispatcher updates these on every attempt, so the hot path is plain arithmetic on this object's fields and
 the exposition happens at scrape time, in a custom collector (prometheus-client's documented pattern for state
@@ -28,11 +31,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["ATTEMPT_OUTCOMES", "PROMPT_RESULTS", "STALL_ACTIONS", "MetricsServer", "RolloutMetrics", "serve_metrics"]
+from rollout_runtime.shards.model import DEFAULT_FLEET
+
+__all__ = [
+    "ATTEMPT_OUTCOMES",
+    "DEFAULT_FLEET",
+    "FLEET_LABELS",
+    "PROMPT_RESULTS",
+    "STALL_ACTIONS",
+    "MetricsServer",
+    "RolloutMetrics",
+    "serve_metrics",
+]
 
 ATTEMPT_OUTCOMES = ("success", "infra_failure", "data_failure", "cancelled")
 PROMPT_RESULTS = ("completed", "data_failed", "skipped")
 STALL_ACTIONS = ("warn", "abort")
+FLEET_LABELS = ("fleet", "namespace")
+"""Constant labels on every ``rollout_*`` sample, in this order."""
 
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 """Rollouts run from tens of milliseconds (a short completion) to many minutes (multi-turn agents)."""
@@ -86,9 +102,19 @@ class _Histogram:
 
 
 class RolloutMetrics:
-    """Every ``rollout_*`` metric; the dispatcher updates the fields, a collector on ``registry`` exposes them."""
+    """Every ``rollout_*`` metric; the dispatcher updates the fields, a collector on ``registry`` exposes them.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``fleet`` and ``namespace`` label every sample (``namespace`` empty, i.e. absent in Prometheus, for fleets that
+    live outside Kubernetes).
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, fleet: str = DEFAULT_FLEET, namespace: str = ""
+    ) -> None:
+        if not fleet:
+            raise ValueError("fleet must be a non-empty name")
+        self.fleet = fleet
+        self.namespace = namespace
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.attempts = dict.fromkeys(ATTEMPT_OUTCOMES, 0)
         self.durations = {outcome: _Histogram() for outcome in ATTEMPT_OUTCOMES}
@@ -130,8 +156,13 @@ class RolloutMetrics:
         self.ejections[shard] = self.ejections.get(shard, 0) + 1
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's current value as exposed (0 when absent): for reports and tests."""
-        found = self.registry.get_sample_value(name, labels or {})
+        """A sample's current value as exposed (0 when absent): for reports and tests.
+
+        ``labels`` are the metric's own; this instance's ``fleet`` and ``namespace`` are added to them.
+        """
+        found = self.registry.get_sample_value(
+            name, {"fleet": self.fleet, "namespace": self.namespace, **(labels or {})}
+        )
         return 0.0 if found is None else found
 
 
@@ -147,23 +178,35 @@ class _RolloutCollector(Collector):
 
     def _families(self, *, samples: bool) -> list[Metric]:
         m = self._m
-        attempts = CounterMetricFamily("rollout_attempts_total", _HELP["rollout_attempts"], labels=["outcome"])
-        failures = CounterMetricFamily(
-            "rollout_failures_total", _HELP["rollout_failures"], labels=["failure_class", "failure_type"]
+        attempts = CounterMetricFamily(
+            "rollout_attempts_total", _HELP["rollout_attempts"], labels=[*FLEET_LABELS, "outcome"]
         )
-        redispatches = CounterMetricFamily("rollout_redispatches_total", _HELP["rollout_redispatches"])
-        exhausted = CounterMetricFamily("rollout_redispatch_exhausted_total", _HELP["rollout_redispatch_exhausted"])
-        stalls = CounterMetricFamily("rollout_stalls_total", _HELP["rollout_stalls"], labels=["action"])
-        prompts = CounterMetricFamily("rollout_prompts_total", _HELP["rollout_prompts"], labels=["result"])
-        in_flight = GaugeMetricFamily("rollout_in_flight", _HELP["rollout_in_flight"])
+        failures = CounterMetricFamily(
+            "rollout_failures_total", _HELP["rollout_failures"], labels=[*FLEET_LABELS, "failure_class", "failure_type"]
+        )
+        redispatches = CounterMetricFamily(
+            "rollout_redispatches_total", _HELP["rollout_redispatches"], labels=FLEET_LABELS
+        )
+        exhausted = CounterMetricFamily(
+            "rollout_redispatch_exhausted_total", _HELP["rollout_redispatch_exhausted"], labels=FLEET_LABELS
+        )
+        stalls = CounterMetricFamily("rollout_stalls_total", _HELP["rollout_stalls"], labels=[*FLEET_LABELS, "action"])
+        prompts = CounterMetricFamily(
+            "rollout_prompts_total", _HELP["rollout_prompts"], labels=[*FLEET_LABELS, "result"]
+        )
+        in_flight = GaugeMetricFamily("rollout_in_flight", _HELP["rollout_in_flight"], labels=FLEET_LABELS)
         durations = HistogramMetricFamily(
-            "rollout_attempt_duration_seconds", _HELP["rollout_attempt_duration_seconds"], labels=["outcome"]
+            "rollout_attempt_duration_seconds",
+            _HELP["rollout_attempt_duration_seconds"],
+            labels=[*FLEET_LABELS, "outcome"],
         )
         last_commit = GaugeMetricFamily(
-            "rollout_last_commit_timestamp_seconds", _HELP["rollout_last_commit_timestamp_seconds"]
+            "rollout_last_commit_timestamp_seconds", _HELP["rollout_last_commit_timestamp_seconds"], labels=FLEET_LABELS
         )
-        ejections = CounterMetricFamily("rollout_ejections_total", _HELP["rollout_ejections"], labels=["shard"])
-        healthy = GaugeMetricFamily("rollout_healthy_shards", _HELP["rollout_healthy_shards"])
+        ejections = CounterMetricFamily(
+            "rollout_ejections_total", _HELP["rollout_ejections"], labels=[*FLEET_LABELS, "shard"]
+        )
+        healthy = GaugeMetricFamily("rollout_healthy_shards", _HELP["rollout_healthy_shards"], labels=FLEET_LABELS)
         families: list[Metric] = [
             attempts,
             failures,
@@ -179,23 +222,24 @@ class _RolloutCollector(Collector):
         ]
         if not samples:
             return families
+        fixed = [m.fleet, m.namespace]
         for outcome, count in list(m.attempts.items()):
-            attempts.add_metric([outcome], count)
+            attempts.add_metric([*fixed, outcome], count)
         for (failure_class, failure_type), count in list(m.failures.items()):
-            failures.add_metric([failure_class, failure_type], count)
-        redispatches.add_metric([], m.redispatches)
-        exhausted.add_metric([], m.exhausted)
+            failures.add_metric([*fixed, failure_class, failure_type], count)
+        redispatches.add_metric(fixed, m.redispatches)
+        exhausted.add_metric(fixed, m.exhausted)
         for action, count in list(m.stalls.items()):
-            stalls.add_metric([action], count)
+            stalls.add_metric([*fixed, action], count)
         for result, count in list(m.prompts.items()):
-            prompts.add_metric([result], count)
-        in_flight.add_metric([], m.in_flight)
+            prompts.add_metric([*fixed, result], count)
+        in_flight.add_metric(fixed, m.in_flight)
         for outcome, histogram in list(m.durations.items()):
-            durations.add_metric([outcome], histogram.cumulative(), histogram.sum)
-        last_commit.add_metric([], m.last_commit_timestamp or 0.0)
+            durations.add_metric([*fixed, outcome], histogram.cumulative(), histogram.sum)
+        last_commit.add_metric(fixed, m.last_commit_timestamp or 0.0)
         for shard, count in list(m.ejections.items()):
-            ejections.add_metric([shard], count)
-        healthy.add_metric([], m.healthy_shards)
+            ejections.add_metric([*fixed, shard], count)
+        healthy.add_metric(fixed, m.healthy_shards)
         return families
 
 

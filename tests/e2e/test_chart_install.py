@@ -202,7 +202,7 @@ def test_install_notes_print_the_next_commands(helm: Helm, control_plane: Contro
     notes = result.stdout.partition("NOTES:")[2]
     for command in (
         f"kubectl --namespace {namespace} rollout status deployment/rf-notes-rollout-fleet",
-        "kubectl apply --namespace <fleet-namespace> -f examples/fleet.yaml",
+        "kubectl apply --namespace <fleet-namespace> -f examples/\n",
         "kubectl get rolloutfleets,generationshards,environmentservers --namespace rl-a",
         "rollout-fleet status <fleet> --namespace <fleet-namespace>",
         "--clusterrole=rollout-fleet-reader",

@@ -14,7 +14,7 @@ from rollout_runtime.demo import DemoConfig, chaos_schedule, demo_prompts, run_d
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    value = registry.get_sample_value(name, labels)
+    value = registry.get_sample_value(name, {"fleet": "local", "namespace": "", **labels})
     return 0.0 if value is None else value
 
 

@@ -143,3 +143,22 @@ def test_metric_name_extraction_ignores_labels_strings_and_functions() -> None:
         ' / on (job) group_left up{job="fleet_y"}'
     )
     assert metric_names(expr) == {"fleet_probe_duration_seconds_bucket", "up"}
+
+
+def test_rollouts_dashboard_filters_every_query_by_fleet_and_namespace() -> None:
+    """The runtime labels its samples with the fleet it follows: the trainer view is per fleet like the operator's."""
+    dashboard = committed_dashboards()["rollouts.json"]
+    names = [var["name"] for var in dashboard["templating"]["list"]]
+    assert names == ["datasource", "namespace", "fleet", "job", "instance"]
+    for title, expr in _queries(dashboard):
+        assert 'namespace=~"$namespace"' in expr, title
+        assert 'fleet=~"$fleet"' in expr, title
+
+
+def test_every_dashboard_links_to_the_others_by_their_common_tag() -> None:
+    dashboards_by_name = committed_dashboards()
+    for name, dashboard in dashboards_by_name.items():
+        assert "rollout-fleet" in dashboard["tags"], name
+        [link] = dashboard["links"]
+        assert (link["type"], link["tags"]) == ("dashboards", ["rollout-fleet"]), name
+        assert (link["keepTime"], link["includeVars"]) == (True, True), f"{name}: keep the time range and filters"

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from prometheus_client import CollectorRegistry
 
+from rollout_runtime.dispatch import Dispatcher
 from rollout_runtime.metrics import RolloutMetrics, serve_metrics
+from rollout_runtime.shards import KubernetesShardSource, LocalShardSource, Shard, StaticShardSource
 
+FLEET = {"fleet", "namespace"}
 CONTRACT = {
-    "rollout_attempts": ("counter", {"outcome"}),
-    "rollout_failures": ("counter", {"failure_class", "failure_type"}),
-    "rollout_redispatches": ("counter", set()),
-    "rollout_redispatch_exhausted": ("counter", set()),
-    "rollout_stalls": ("counter", {"action"}),
-    "rollout_prompts": ("counter", {"result"}),
-    "rollout_in_flight": ("gauge", set()),
-    "rollout_attempt_duration_seconds": ("histogram", {"outcome"}),
-    "rollout_last_commit_timestamp_seconds": ("gauge", set()),
-    "rollout_ejections": ("counter", {"shard"}),
-    "rollout_healthy_shards": ("gauge", set()),
+    "rollout_attempts": ("counter", FLEET | {"outcome"}),
+    "rollout_failures": ("counter", FLEET | {"failure_class", "failure_type"}),
+    "rollout_redispatches": ("counter", FLEET),
+    "rollout_redispatch_exhausted": ("counter", FLEET),
+    "rollout_stalls": ("counter", FLEET | {"action"}),
+    "rollout_prompts": ("counter", FLEET | {"result"}),
+    "rollout_in_flight": ("gauge", FLEET),
+    "rollout_attempt_duration_seconds": ("histogram", FLEET | {"outcome"}),
+    "rollout_last_commit_timestamp_seconds": ("gauge", FLEET),
+    "rollout_ejections": ("counter", FLEET | {"shard"}),
+    "rollout_healthy_shards": ("gauge", FLEET),
 }
+LOCAL = {"fleet": "local", "namespace": ""}
 
 
 def test_registers_exactly_the_contract_names_types_and_labels() -> None:
@@ -56,9 +61,9 @@ def test_durations_land_in_cumulative_buckets_with_le_semantics() -> None:
 def test_bounded_series_exist_at_zero_before_any_event() -> None:
     metrics = RolloutMetrics(CollectorRegistry())
     for outcome in ("success", "infra_failure", "data_failure", "cancelled"):
-        assert metrics.registry.get_sample_value("rollout_attempts_total", {"outcome": outcome}) == 0
+        assert metrics.registry.get_sample_value("rollout_attempts_total", {**LOCAL, "outcome": outcome}) == 0
     for result in ("completed", "data_failed", "skipped"):
-        assert metrics.registry.get_sample_value("rollout_prompts_total", {"result": result}) == 0
+        assert metrics.registry.get_sample_value("rollout_prompts_total", {**LOCAL, "result": result}) == 0
 
 
 def test_in_flight_is_read_from_the_registered_counts_until_each_is_withdrawn() -> None:
@@ -83,5 +88,44 @@ async def test_serve_metrics_exposes_the_registry_over_http() -> None:
             assert response.status == 200
             assert response.headers["Content-Type"].startswith("text/plain")
             body = await response.text()
-    assert 'rollout_prompts_total{result="completed"} 3.0' in body
+    assert 'rollout_prompts_total{fleet="local",namespace="",result="completed"} 3.0' in body
     assert "# HELP rollout_attempts_total" in body
+
+
+def test_every_sample_carries_the_fleet_and_namespace_it_was_created_for() -> None:
+    metrics = RolloutMetrics(fleet="fleet-a", namespace="team-a")
+    metrics.failure("infra", "GenerationUnavailable")
+    metrics.ejection("a")
+    metrics.attempt("success", 0.2)
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert (sample.labels["fleet"], sample.labels["namespace"]) == ("fleet-a", "team-a"), sample
+    assert metrics.value("rollout_attempts_total", {"outcome": "success"}) == 1, "value() fills in the fleet labels"
+
+
+def test_an_empty_fleet_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="fleet"):
+        RolloutMetrics(fleet="")
+
+
+SHARD = Shard(name="a", endpoint="http://127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("source", "labels"),
+    [
+        (StaticShardSource([SHARD]), ("local", "")),
+        (StaticShardSource([SHARD], fleet="bench"), ("bench", "")),
+        (LocalShardSource([SHARD], fleet="lab"), ("lab", "")),
+        (KubernetesShardSource("fleet-a", namespace="team-a", api_client=object()), ("fleet-a", "team-a")),  # type: ignore[arg-type]
+    ],
+    ids=["static-default", "static-named", "local-named", "kubernetes"],
+)
+def test_the_dispatcher_labels_its_metrics_with_its_sources_fleet(source: object, labels: tuple[str, str]) -> None:
+    dispatcher = Dispatcher(source)  # type: ignore[arg-type]
+    assert (dispatcher.metrics.fleet, dispatcher.metrics.namespace) == labels
+
+
+def test_metrics_the_caller_passes_keep_their_own_labels() -> None:
+    mine = RolloutMetrics(fleet="mine")
+    assert Dispatcher(StaticShardSource([SHARD], fleet="other"), metrics=mine).metrics is mine

@@ -148,6 +148,21 @@ def test_lock_files_pin_every_requirement_by_version_and_hash(lock: Path) -> Non
         assert "--hash=sha256:" in block, block.splitlines()[0]
 
 
+def test_locks_are_resolved_for_every_platform_so_one_build_serves_amd64_and_arm64() -> None:
+    """A lock pinned for one platform (``--python-platform``) can omit what another needs; a universal one cannot.
+
+    (Checked against the index when re-locking: both locks install with ``--require-hashes`` for
+    ``x86_64-manylinux_2_28`` and ``aarch64-manylinux_2_28``.)"""
+    script = (REPO_ROOT / "operator" / "lock.sh").read_text()
+    compiles = [line for line in script.splitlines() if "pip compile" in line]
+    assert len(compiles) == len(LOCKS)
+    assert "--universal" in script
+    assert "--python-platform" not in script
+    assert "--python-version 3.11" in script, "the image's Python (python:3.11-slim-bookworm)"
+    for lock in LOCKS:
+        assert lock.name in "\n".join(compiles), f"{lock.name} is not written by operator/lock.sh"
+
+
 def test_runtime_lock_covers_every_dependency_of_the_package() -> None:
     with (REPO_ROOT / "pyproject.toml").open("rb") as handle:
         dependencies = tomllib.load(handle)["project"]["dependencies"]

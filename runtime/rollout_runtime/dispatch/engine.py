@@ -71,7 +71,7 @@ from rollout_runtime.failures import (
     diagnose,
 )
 from rollout_runtime.metrics import RolloutMetrics
-from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource
+from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource, fleet_identity
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
@@ -453,8 +453,9 @@ class Dispatcher:
                 ...
 
     ``metrics`` (or a ``registry`` to create them on; default a private one) receives the ``rollout_*``
-    metrics; ``observer`` is called synchronously with every :data:`DispatchEvent` (keep it cheap); ``seed``
-    makes backoff jitter reproducible; ``clock`` replaces the loop clock in tests.
+    metrics, labelled with the source's ``fleet`` and ``namespace`` (:func:`~rollout_runtime.shards.fleet_identity`)
+    unless the caller passes its own; ``observer`` is called synchronously with every :data:`DispatchEvent` (keep
+    it cheap); ``seed`` makes backoff jitter reproducible; ``clock`` replaces the loop clock in tests.
     """
 
     def __init__(
@@ -470,7 +471,10 @@ class Dispatcher:
         ledger: FailureLedger | None = None,
     ) -> None:
         self.policy = policy if policy is not None else DispatchPolicy()
-        self.metrics = metrics if metrics is not None else RolloutMetrics(registry)
+        if metrics is None:
+            fleet, namespace = fleet_identity(source)
+            metrics = RolloutMetrics(registry, fleet=fleet, namespace=namespace)
+        self.metrics = metrics
         self._source = source
         self._completions = source if isinstance(source, ReportsCompletions) else None  # passive liveness
         self._observer = observer

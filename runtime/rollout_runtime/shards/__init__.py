@@ -4,11 +4,13 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_runtime.shards.local import LocalShardSource
 from rollout_runtime.shards.model import (
+    DEFAULT_FLEET,
     HealthySet,
     ReportsCompletions,
     Shard,
     ShardSource,
     StaticShardSource,
+    fleet_identity,
     revision_of,
 )
 
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
 
 __all__ = [
+    "DEFAULT_FLEET",
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
@@ -23,6 +26,7 @@ __all__ = [
     "Shard",
     "ShardSource",
     "StaticShardSource",
+    "fleet_identity",
     "revision_of",
 ]
 

@@ -20,7 +20,7 @@ from rollout_runtime.health.hysteresis import HealthPhase, HealthState, ProbeSet
 from rollout_runtime.health.monitor import HealthMonitor, ProbeRound, ProbeTarget, TransitionCallback
 from rollout_runtime.health.probe import HttpProber, Prober
 from rollout_runtime.health.targets import ProbeTargetPolicy
-from rollout_runtime.shards.model import HealthySet, Shard
+from rollout_runtime.shards.model import DEFAULT_FLEET, HealthySet, Shard
 
 __all__ = ["LocalShardSource"]
 
@@ -31,8 +31,11 @@ class LocalShardSource:
     ``prober`` defaults to an :class:`HttpProber` owned (and closed) by the source, with ``policy``, which
     defaults to allowing exactly the configured shards' hosts (the caller configured them, so trusts them;
     metadata and link-local addresses stay refused). Iterate :meth:`snapshots` once at a time: each iteration
-    runs the probe loop.
+    runs the probe loop. ``fleet`` names the fleet in the dispatcher's ``rollout_*`` metrics (no namespace: the
+    fleet is not a Kubernetes object).
     """
+
+    namespace = ""
 
     def __init__(
         self,
@@ -43,7 +46,9 @@ class LocalShardSource:
         policy: ProbeTargetPolicy | None = None,
         on_transition: TransitionCallback[str] | None = None,
         max_concurrency: int = 64,
+        fleet: str = DEFAULT_FLEET,
     ) -> None:
+        self.fleet = fleet
         self._shards = tuple(shards)
         names = [s.name for s in self._shards]
         if len(set(names)) != len(names):

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+DEFAULT_FLEET = "local"
+"""The fleet name of shard sources outside Kubernetes unless the caller names one (a ``fleet`` metric label)."""
+
 
 class Shard(BaseModel):
     """One generation shard (an OpenAI-compatible server) as the dispatcher sees it."""
@@ -85,11 +88,31 @@ class ReportsCompletions(Protocol):
     def attempt_succeeded(self, name: str) -> None: ...
 
 
-class StaticShardSource:
-    """A fixed list of shards, all taken as healthy: for tests and for fleets that are probed elsewhere."""
+def fleet_identity(source: object) -> tuple[str, str]:
+    """``(fleet, namespace)`` of a shard source, for the ``rollout_*`` metric labels.
 
-    def __init__(self, shards: Iterable[Shard]) -> None:
+    Optional attributes rather than part of :class:`ShardSource`, so any object with ``snapshots()`` stays a
+    source: one without a ``fleet`` is ``DEFAULT_FLEET``, one without a ``namespace`` has none (``""``).
+    """
+    fleet = getattr(source, "fleet", None)
+    namespace = getattr(source, "namespace", None)
+    return (
+        fleet if isinstance(fleet, str) and fleet else DEFAULT_FLEET,
+        namespace if isinstance(namespace, str) else "",
+    )
+
+
+class StaticShardSource:
+    """A fixed list of shards, all taken as healthy: for tests and for fleets that are probed elsewhere.
+
+    ``fleet`` names the fleet in the dispatcher's metrics; it has no namespace.
+    """
+
+    namespace = ""
+
+    def __init__(self, shards: Iterable[Shard], *, fleet: str = DEFAULT_FLEET) -> None:
         self._snapshot = HealthySet.of(shards)
+        self.fleet = fleet
 
     async def snapshots(self) -> AsyncIterator[HealthySet]:
         yield self._snapshot
