@@ -98,7 +98,7 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in sorted(_COMMANDS.items())])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("rollout-fleet", cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rollout-fleet")
 @click.option(
     "--debug",
