@@ -126,8 +126,16 @@ def status(
     from fleet_operator.status_reader import FleetQuery
 
     query = FleetQuery(name=fleet, namespace=namespace, all_namespaces=all_namespaces)
-    asyncio.run(_show_status(query, output, kubeconfig=kubeconfig, read_timeout=timeout, watch=watch, interval=interval,
-                             max_updates=max_updates))  # fmt: skip
+    shown = _show_status(
+        query, output, kubeconfig=kubeconfig, read_timeout=timeout, watch=watch, interval=interval,
+        max_updates=max_updates,
+    )  # fmt: skip
+    try:
+        asyncio.run(shown)
+    except KeyboardInterrupt:
+        if not watch:
+            raise
+        # Ctrl-C is how a watch ends: exit 0, no "Aborted!"
 
 
 async def _show_status(

@@ -98,16 +98,23 @@ class StatusReader:
 
     async def _list(self, plural: str) -> list[dict[str, Any]]:
         api, timeout = self._api, self.timeout
-        if self.query.all_namespaces:
-            listed = await _retrying(
-                lambda: api.list_cluster_custom_object(GROUP, VERSION, plural, _request_timeout=timeout)
-            )
-        else:
-            listed = await _retrying(
-                lambda: api.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, plural, _request_timeout=timeout
+        try:
+            if self.query.all_namespaces:
+                listed = await _retrying(
+                    lambda: api.list_cluster_custom_object(GROUP, VERSION, plural, _request_timeout=timeout)
                 )
-            )
+            else:
+                listed = await _retrying(
+                    lambda: api.list_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, plural, _request_timeout=timeout
+                    )
+                )
+        except ApiException as exc:
+            if exc.status == 404:  # a list is only missing when its kind is
+                raise click.ClickException(
+                    f"{plural}.{GROUP} is not installed on {self.url}: apply the CRDs (`rollout-fleet crds`)"
+                ) from None
+            raise
         return list(listed.get("items", []))
 
     async def _read(self) -> list[dict[str, Any]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import yaml
 from rich.console import Console, RenderableType
 
+from fleet_operator.status_reader import ApiServerUnreachable, watch_changes
 from fleet_operator.status_table import fleet_summary, render
 
 READY = {
@@ -113,3 +115,38 @@ def test_one_fleets_detail_lists_its_members_and_wide_adds_probe_columns() -> No
     wide = text(render(summaries, "wide", named=True, all_namespaces=False, namespace="rl"))
     assert "Failures" in wide
     assert "Last probe" in wide
+
+
+class _Reads:
+    """A StatusReader stand-in answering from a script: a list of summaries, or an exception to raise."""
+
+    def __init__(self, *answers: list[dict[str, Any]] | Exception) -> None:
+        self.answers = list(answers)
+
+    async def read(self) -> list[dict[str, Any]]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def _watched(reader: _Reads, max_updates: int, warnings: list[str]) -> list[list[dict[str, Any]]]:
+    changes = watch_changes(reader, interval=0, max_updates=max_updates, warn=warnings.append)  # type: ignore[arg-type]
+    return [summaries async for summaries in changes]
+
+
+async def test_a_watch_yields_only_changes_and_stops_after_max_updates() -> None:
+    one, two = [{"name": "a", "healthy": "1/2"}], [{"name": "a", "healthy": "2/2"}]
+    reader = _Reads(one, one, one, two, two)
+    assert await _watched(reader, 2, []) == [one, two]
+    assert reader.answers == [two], "no read after the last update"
+
+
+async def test_a_watch_warns_through_an_outage_after_its_first_read_but_not_before() -> None:
+    one, two = [{"name": "a", "healthy": "1/2"}], [{"name": "a", "healthy": "2/2"}]
+    outage = ApiServerUnreachable("https://api:6443", "no answer within 5 s (--timeout)")
+    warnings: list[str] = []
+    assert await _watched(_Reads(one, outage, two), 2, warnings) == [one, two]
+    assert warnings == ["cannot reach the API server at https://api:6443: no answer within 5 s (--timeout); retrying"]
+    with pytest.raises(ApiServerUnreachable):
+        await _watched(_Reads(outage), 1, [])

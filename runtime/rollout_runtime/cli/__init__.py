@@ -104,7 +104,7 @@ class LazyGroup(click.Group):
     "--debug",
     is_flag=True,
     envvar="ROLLOUT_FLEET_DEBUG",
-    help="Show the traceback of an error instead of its one-line message.",
+    help="Show the traceback of an error instead of its one-line message (also ROLLOUT_FLEET_DEBUG=1).",
 )
 def cli(debug: bool) -> None:
     """rollout-fleet: keep RL rollouts flowing and honest across a fleet of shards."""
