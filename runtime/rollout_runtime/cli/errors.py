@@ -77,7 +77,7 @@ def describe_error(exc: BaseException) -> str | None:
     from kubernetes_asyncio.config import ConfigException
 
     if isinstance(exc, ConfigException):
-        return f"{' '.join(str(exc).split())} (pass --kubeconfig or set KUBECONFIG)"
+        return f"{' '.join(str(exc).split())} (set KUBECONFIG to a kubeconfig file)"
     if isinstance(exc, ApiException):
         return _api_error(exc)
     if isinstance(exc, ValidationError):
