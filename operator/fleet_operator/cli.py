@@ -8,12 +8,19 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rollout_runtime.cli.options import command_help
 
-__all__ = ["crds", "operator", "status"]
+if TYPE_CHECKING:
+    from fleet_operator.status_reader import FleetQuery
+
+__all__ = ["OUTPUTS", "crds", "operator", "status"]
+
+OUTPUTS = ("table", "wide", "json", "yaml")
+"""``status -o``: kubectl's names; :func:`fleet_operator.status_table.render` renders each."""
 
 
 @click.command(help=command_help("crds"))
@@ -68,11 +75,97 @@ def operator(namespaces: tuple[str, ...], verbose: bool) -> None:
     sys.exit(asyncio.run(run_operator(settings)))
 
 
-@click.command(help=command_help("status", "Its shards and environment servers: phase, latency, last error."))
-@click.argument("fleet")
-@click.option("--namespace", "-n", default=None, help="The fleet's namespace (default: the kubeconfig's).")
+@click.command(
+    help=command_help(
+        "status",
+        "With FLEET: that fleet's shards and environment servers (phase, latency, last error); without: every fleet "
+        "in the namespace (or all namespaces with -A). Each read is bounded by --timeout.",
+    )
+)
+@click.argument("fleet", required=False)
+@click.option("--namespace", "-n", default=None, help="The fleets' namespace (default: the kubeconfig's).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="List the fleets of every namespace.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(OUTPUTS),
+    default="table",
+    show_default=True,
+    help="table, wide (more columns), or a json/yaml document (one fleet, or {items: [...]}).",
+)
+@click.option("--watch", "-w", is_flag=True, help="Keep running; show the fleets again each time they change.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between reads (--watch).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds each read of the API server may take before status gives up.",
+)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def status(fleet: str, namespace: str | None, kubeconfig: Path | None) -> None:
-    from fleet_operator.status_table import show_fleet_status
+@click.option("--max-updates", type=click.IntRange(min=1), default=None, hidden=True, help="Stop a watch after N.")
+def status(
+    fleet: str | None,
+    namespace: str | None,
+    all_namespaces: bool,
+    output: str,
+    watch: bool,
+    interval: float,
+    timeout: float,
+    kubeconfig: Path | None,
+    max_updates: int | None,
+) -> None:
+    if fleet is not None and all_namespaces:
+        raise click.UsageError("a FLEET name needs one namespace: drop -A/--all-namespaces or the name")
+    from fleet_operator.status_reader import FleetQuery
 
-    sys.exit(asyncio.run(show_fleet_status(fleet, namespace=namespace, kubeconfig=kubeconfig)))
+    query = FleetQuery(name=fleet, namespace=namespace, all_namespaces=all_namespaces)
+    shown = _show_status(
+        query, output, kubeconfig=kubeconfig, read_timeout=timeout, watch=watch, interval=interval,
+        max_updates=max_updates,
+    )  # fmt: skip
+    try:
+        asyncio.run(shown)
+    except KeyboardInterrupt:
+        if not watch:
+            raise
+        # Ctrl-C is how a watch ends: exit 0, no "Aborted!"
+
+
+async def _show_status(
+    query: FleetQuery, output: str, *, kubeconfig: Path | None, read_timeout: float, watch: bool, interval: float,
+    max_updates: int | None,
+) -> None:  # fmt: skip
+    from rich.console import Console
+
+    from fleet_operator.status_reader import open_reader, watch_changes
+    from fleet_operator.status_table import render
+
+    console = Console()
+
+    def show(summaries: list[dict[str, Any]], *, again: bool) -> None:
+        shown = render(summaries, output, named=query.name is not None, all_namespaces=query.all_namespaces,
+                       namespace=reader.namespace)  # fmt: skip
+        if isinstance(shown, str):  # a document: exactly as rendered, no markup, no wrapping
+            click.echo(f"---\n{shown}" if again and output == "yaml" else shown)
+        else:
+            if again and console.is_terminal:
+                console.clear()
+            console.print(shown)
+
+    async with open_reader(query, kubeconfig=kubeconfig, read_timeout=read_timeout) as reader:
+        if not watch:
+            show(await reader.read(), again=False)
+            return
+        shown_once = False
+        async for summaries in watch_changes(
+            reader, interval=interval, max_updates=max_updates, warn=lambda m: click.echo(f"warning: {m}", err=True)
+        ):
+            show(summaries, again=shown_once)
+            shown_once = True

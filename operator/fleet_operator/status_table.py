@@ -1,126 +1,192 @@
-"""``rollout-fleet status FLEET``: a RolloutFleet's health as a rich table, read from the API server.
+"""What ``rollout-fleet status`` shows, built by pure functions from the objects the API server returned.
 
-The table is built by a pure function from the objects (so it is testable without a cluster); the command only
-fetches them.
+One fleet's view is a *summary* (:func:`fleet_summary`): its status and conditions and the members its selectors
+pick, each with its phase and whether it is in the published healthy set. Every output format renders summaries:
+``table`` and ``wide`` as rich renderables (a list of fleets, or one fleet with its members), ``json`` and ``yaml``
+as documents (one fleet: its summary; a list: ``{"items": [...]}``). The fetching is in
+:mod:`fleet_operator.status_reader`; nothing here does I/O, so every format is testable without a cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from pathlib import Path
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
+import yaml
 from pydantic import ValidationError
-from rich.console import Console, Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from fleet_operator.decisions import selector_matches
 from fleet_operator.models import LabelSelector, RolloutFleetSpec, RolloutFleetStatus
 from rollout_runtime.kube import kinds
-from rollout_runtime.kube.config import load_client_configuration
-from rollout_runtime.kube.errors import api_error_is_transient
-from rollout_runtime.kube.kinds import GROUP, VERSION
 
-__all__ = ["fleet_table", "show_fleet_status"]
+__all__ = ["fleet_detail", "fleet_summary", "fleet_table", "fleets_table", "render"]
 
 _PHASE_STYLE = {"Healthy": "green", "Suspect": "yellow", "Unhealthy": "red", "Draining": "blue", "Pending": "dim"}
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
 
 
 def _selected(items: Iterable[Mapping[str, Any]], selector: LabelSelector | None) -> list[Mapping[str, Any]]:
     if selector is None:
         return []
-    return [i for i in items if selector_matches(selector, (i.get("metadata") or {}).get("labels") or {})]
+    return [i for i in items if selector_matches(selector, _metadata(i).get("labels") or {})]
 
 
-def fleet_table(
+def _member(kind: str, obj: Mapping[str, Any], in_set: set[str]) -> dict[str, Any]:
+    status = obj.get("status") or {}
+    name = str(_metadata(obj).get("name", "?"))
+    latency = status.get("latencyMilliseconds")
+    return {
+        "kind": kind,
+        "name": name,
+        "phase": str(status.get("phase") or "Pending"),
+        "inSet": name in in_set,
+        "endpoint": status.get("endpoint"),
+        "latencyMilliseconds": latency if isinstance(latency, int | float) else None,
+        "consecutiveFailures": status.get("consecutiveFailures", 0),
+        "lastProbeTime": status.get("lastProbeTime"),
+        "lastError": status.get("lastError") or None,
+    }
+
+
+def fleet_summary(
     fleet: Mapping[str, Any], shards: Iterable[Mapping[str, Any]], environments: Iterable[Mapping[str, Any]]
-) -> Group:
-    """The renderable for one fleet and the members it selects."""
-    name = (fleet.get("metadata") or {}).get("name", "?")
+) -> dict[str, Any]:
+    """One fleet and the members it selects, as a JSON-able document (camelCase, as the CRD names fields).
+
+    ``shards`` and ``environments`` may hold other fleets' members (and, listing all namespaces, other namespaces'):
+    only those in the fleet's namespace that its selectors match are kept."""
+    metadata = _metadata(fleet)
+    namespace = metadata.get("namespace")
     try:
         spec: RolloutFleetSpec | None = RolloutFleetSpec.model_validate(fleet.get("spec") or {})
     except ValidationError:
         spec = None
     status = RolloutFleetStatus.model_validate(fleet.get("status") or {})
     in_set = {e.name for e in status.shards} | {e.name for e in status.environment_servers}
-    conditions = ", ".join(f"{c.type}={c.status} ({c.reason})" for c in status.conditions) or "none yet"
+    conditions = {c.type: c for c in status.conditions}
+
+    def here(items: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return [i for i in items if namespace is None or _metadata(i).get("namespace") in (None, namespace)]
+
+    members = [
+        _member(kinds.GENERATION_SHARD.kind, s, in_set)
+        for s in _selected(here(shards), spec.shard_selector if spec else None)
+    ]
+    members += [
+        _member(kinds.ENVIRONMENT_SERVER.kind, e, in_set)
+        for e in _selected(here(environments), spec.environment_server_selector if spec else None)
+    ]
+    members.sort(key=lambda m: (m["kind"], m["name"]))
+    return {
+        "namespace": namespace,
+        "name": metadata.get("name", "?"),
+        "healthy": status.healthy,
+        "ready": conditions["Ready"].status if "Ready" in conditions else "Unknown",
+        "degraded": conditions["Degraded"].status if "Degraded" in conditions else "Unknown",
+        "readyShards": status.ready_shards,
+        "totalShards": status.total_shards,
+        "readyEnvironmentServers": status.ready_environment_servers,
+        "totalEnvironmentServers": status.total_environment_servers,
+        "minReadyShards": spec.min_ready_shards if spec else None,
+        "revision": status.revision or None,
+        "lastHeartbeatTime": status.last_heartbeat_time,
+        "conditions": [c.to_kube() for c in status.conditions],
+        "members": members,
+    }
+
+
+def _phase(phase: str) -> Text:
+    return Text(phase, style=_PHASE_STYLE.get(phase, ""))
+
+
+def fleet_detail(summary: Mapping[str, Any], *, wide: bool = False) -> Group:
+    """One fleet: a header (health, conditions, heartbeat) over its members; ``wide`` adds the probe columns."""
+    conditions = ", ".join(f"{c['type']}={c['status']} ({c['reason']})" for c in summary["conditions"]) or "none yet"
     header = Text.assemble(
         ("RolloutFleet ", "bold"),
-        (str(name), "bold cyan"),
-        f"  healthy {status.healthy}  environments {status.ready_environment_servers}/"
-        f"{status.total_environment_servers}  revision {status.revision or '-'}\n",
-        f"conditions: {conditions}\nlast heartbeat: {status.last_heartbeat_time or 'never'}",
+        (str(summary["name"]), "bold cyan"),
+        f"  healthy {summary['healthy']}  environments {summary['readyEnvironmentServers']}/"
+        f"{summary['totalEnvironmentServers']}  revision {summary['revision'] or '-'}\n",
+        f"conditions: {conditions}\nlast heartbeat: {summary['lastHeartbeatTime'] or 'never'}",
     )
+    columns = ["Kind", "Name", "Phase", "In set", "Endpoint", "Latency ms", "Last error"]
+    if wide:
+        columns[-1:-1] = ["Failures", "Last probe"]
     table = Table(show_lines=False)
-    for column in ("Kind", "Name", "Phase", "In set", "Endpoint", "Latency ms", "Last error"):
+    for column in columns:
         table.add_column(column, overflow="fold")
-    shard_selector = spec.shard_selector if spec else None
-    environment_selector = spec.environment_server_selector if spec else None
-    members = [(kinds.GENERATION_SHARD.kind, s) for s in _selected(shards, shard_selector)] + [
-        (kinds.ENVIRONMENT_SERVER.kind, e) for e in _selected(environments, environment_selector)
-    ]
-    for kind, obj in sorted(members, key=lambda m: (m[0], (m[1].get("metadata") or {}).get("name", ""))):
-        member_status = obj.get("status") or {}
-        phase = str(member_status.get("phase") or "Pending")
-        member_name = (obj.get("metadata") or {}).get("name", "?")
-        latency = member_status.get("latencyMilliseconds")
-        table.add_row(
-            kind,
-            member_name,
-            Text(phase, style=_PHASE_STYLE.get(phase, "")),
-            "yes" if member_name in in_set else "no",
-            str(member_status.get("endpoint") or "-"),
-            f"{latency:.1f}" if isinstance(latency, int | float) else "-",
-            str(member_status.get("lastError") or ""),
-        )
+    for m in summary["members"]:
+        latency = m["latencyMilliseconds"]
+        cells: list[RenderableType] = [
+            m["kind"],
+            m["name"],
+            _phase(m["phase"]),
+            "yes" if m["inSet"] else "no",
+            str(m["endpoint"] or "-"),
+            f"{latency:.1f}" if latency is not None else "-",
+            str(m["lastError"] or ""),
+        ]
+        if wide:
+            cells[-1:-1] = [str(m["consecutiveFailures"]), str(m["lastProbeTime"] or "-")]
+        table.add_row(*cells)
     return Group(header, table)
 
 
-async def _retrying(make: Callable[[], Awaitable[Any]], *, attempts: int = 8) -> Any:
-    """Make an API call; on a transient answer (429 while a new CRD's storage initialises, 5xx), make it again after
-    the pause the server asks for (Retry-After, at most 10 s)."""
-    for attempt in range(attempts):
-        try:
-            return await make()
-        except ApiException as exc:
-            if attempt == attempts - 1 or not api_error_is_transient(exc):
-                raise
-            headers: Mapping[str, str] = exc.headers or {}
-            retry_after = str(headers.get("Retry-After", "1"))
-            await asyncio.sleep(min(10.0, float(retry_after) if retry_after.isdigit() else 1.0))
-    raise AssertionError("unreachable")
+def fleet_table(
+    fleet: Mapping[str, Any], shards: Iterable[Mapping[str, Any]], environments: Iterable[Mapping[str, Any]]
+) -> Group:
+    """The renderable for one fleet and the members it selects."""
+    return fleet_detail(fleet_summary(fleet, shards, environments))
 
 
-async def show_fleet_status(fleet: str, *, namespace: str | None, kubeconfig: Path | None) -> int:
-    """Fetch the fleet and its members, print the table; the exit code (1: fleet not found)."""
-    configuration = await load_client_configuration(kubeconfig)
-    if namespace is None:
-        try:
-            _, context = config.list_kube_config_contexts(config_file=str(kubeconfig) if kubeconfig else None)
-            namespace = ((context or {}).get("context") or {}).get("namespace") or "default"
-        except config.ConfigException:
-            namespace = "default"
-    console = Console()
-    async with client.ApiClient(configuration) as api_client:
-        api = client.CustomObjectsApi(api_client)
-        try:
-            obj = await _retrying(
-                lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ROLLOUT_FLEET.plural, fleet)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                console.print(f"[red]RolloutFleet {namespace}/{fleet} not found[/red]")
-                return 1
-            raise
-        shards = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.GENERATION_SHARD.plural)
-        )
-        environments = await _retrying(
-            lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, kinds.ENVIRONMENT_SERVER.plural)
-        )
-    console.print(fleet_table(obj, shards.get("items", []), environments.get("items", [])))
-    return 0
+def fleets_table(summaries: Sequence[Mapping[str, Any]], *, wide: bool = False, namespaces: bool = False) -> Table:
+    """Many fleets, one row each (as ``kubectl get rolloutfleets`` with the members' health added)."""
+    columns = ["NAMESPACE"] * namespaces + ["NAME", "HEALTHY", "READY", "DEGRADED", "ENVS", "REVISION"]
+    if wide:
+        columns += ["MIN READY", "NOT HEALTHY", "LAST HEARTBEAT"]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for s in summaries:
+        cells = [str(s["namespace"])] * namespaces + [
+            str(s["name"]),
+            str(s["healthy"]),
+            str(s["ready"]),
+            str(s["degraded"]),
+            f"{s['readyEnvironmentServers']}/{s['totalEnvironmentServers']}",
+            str(s["revision"] or "-"),
+        ]
+        if wide:
+            unhealthy = [f"{m['name']} ({m['phase']})" for m in s["members"] if m["phase"] != "Healthy"]
+            cells += [
+                "-" if s["minReadyShards"] is None else str(s["minReadyShards"]),
+                ", ".join(unhealthy) or "-",
+                str(s["lastHeartbeatTime"] or "never"),
+            ]
+        table.add_row(*cells)
+    return table
+
+
+def render(
+    summaries: Sequence[Mapping[str, Any]], output: str, *, named: bool, all_namespaces: bool, namespace: str | None
+) -> RenderableType:
+    """What ``status -o <output>`` prints (``table``, ``wide``, ``json``, ``yaml``): one named fleet's detail or
+    document, or the list of them. A document is a ``str``, to be printed as it is."""
+    if output in ("json", "yaml"):
+        document: Any = dict(summaries[0]) if named else {"items": [dict(s) for s in summaries]}
+        if output == "json":
+            return json.dumps(document, indent=2)
+        return yaml.safe_dump(document, sort_keys=False).rstrip("\n")
+    wide = output == "wide"
+    if named:
+        return fleet_detail(summaries[0], wide=wide)
+    if not summaries:
+        return "No RolloutFleets found" + ("." if all_namespaces else f" in namespace {namespace}.")
+    return fleets_table(summaries, wide=wide, namespaces=all_namespaces)

@@ -2,11 +2,17 @@
 
 Subcommands live in their own modules and are imported only when invoked, so ``rollout-fleet --help`` stays
 fast and the operator's dependencies are not loaded to run the demo.
+
+Errors are reported in one place, :class:`LazyGroup`: every user error is one line on stderr, exit 2 for usage and
+1 for runtime errors (see :mod:`rollout_runtime.cli.errors`); ``rollout-fleet --debug <command>`` (or
+``ROLLOUT_FLEET_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -28,7 +34,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "fleet_operator.cli:operator",
         "Run the fleet operator (kopf) against the current kubeconfig or in-cluster service account.",
     ),
-    "status": ("fleet_operator.cli:status", "Show a RolloutFleet's health as a table."),
+    "status": ("fleet_operator.cli:status", "Show the RolloutFleets' health: a table, wide, JSON or YAML; --watch."),
 }
 
 
@@ -37,8 +43,43 @@ def command_summary(name: str) -> str:
     return _COMMANDS[name][1]
 
 
+@contextmanager
+def _usage_on_one_line() -> Iterator[None]:
+    from rollout_runtime.cli.errors import OneLineUsageError, one_line_usage
+
+    try:
+        yield
+    except OneLineUsageError:
+        raise
+    except click.UsageError as error:
+        raise one_line_usage(error) from None
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use, and the one place errors become one line."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        with _usage_on_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from rollout_runtime.cli.errors import describe_error
+
+        debug = bool(ctx.params.get("debug"))
+        try:
+            with _usage_on_one_line():
+                return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:
+            if debug:
+                raise
+            message = describe_error(error)
+            if message is None:
+                message = f"unexpected {type(error).__name__}: {error} (rerun with --debug for the traceback)"
+            raise click.ClickException(" ".join(message.split())) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
@@ -57,9 +98,15 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in sorted(_COMMANDS.items())])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("rollout-fleet", cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rollout-fleet")
-def cli() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="ROLLOUT_FLEET_DEBUG",
+    help="Show the traceback of an error instead of its one-line message (also ROLLOUT_FLEET_DEBUG=1).",
+)
+def cli(debug: bool) -> None:
     """rollout-fleet: keep RL rollouts flowing and honest across a fleet of shards."""
 
 

@@ -46,10 +46,27 @@ def sample_failures() -> list[tuple[str, BaseException]]:
     ]
 
 
+def _http_statuses(ctx: click.Context, param: click.Parameter, statuses: tuple[int, ...]) -> tuple[int, ...]:
+    """Refuse a status outside 100..599 before anything is printed (the rule is http_status_is_infra's)."""
+    for status in statuses:
+        try:
+            http_status_is_infra(status)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return statuses
+
+
 @click.command(
     help=command_help("classify", "INFRA is redispatched to another shard; DATA has a small budget and is reported.")
 )
-@click.option("--status", "statuses", type=int, multiple=True, help="Also classify these HTTP statuses.")
+@click.option(
+    "--status",
+    "statuses",
+    type=int,
+    multiple=True,
+    callback=_http_statuses,
+    help="Also classify these HTTP statuses.",
+)
 def classify(statuses: tuple[int, ...]) -> None:
     console = Console()
     table = Table(title="How rollout-fleet classifies failed attempts")
@@ -69,8 +86,4 @@ def classify(statuses: tuple[int, ...]) -> None:
         )
     console.print(table)
     for status in statuses:
-        try:
-            infra = http_status_is_infra(status)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--status") from None
-        console.print(f"HTTP {status}: {'infra' if infra else 'data'}")
+        console.print(f"HTTP {status}: {'infra' if http_status_is_infra(status) else 'data'}")

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rollout_runtime.cli.options import command_help
+from rollout_runtime.cli.options import PORT_NUMBER, command_help, config_from_options
 from rollout_runtime.demo import DemoConfig, DemoReport, DemoView, run_demo
 from rollout_runtime.health import HealthPhase
 
@@ -37,9 +37,21 @@ _PHASE_STYLE = {
 @click.option("--env/--no-env", "environment", default=True, show_default=True, help="Score on an environment server.")
 @click.option("--concurrency", default=16, show_default=True, help="Rollouts in flight at once.")
 @click.option("--seed", default=0, show_default=True, help="Seed for prompts and jitter.")
-@click.option("--metrics-port", default=9464, show_default=True, help="Serve /metrics here while running (0: any).")
+@click.option(
+    "--metrics-port",
+    type=PORT_NUMBER,
+    default=9464,
+    show_default=True,
+    help="Serve /metrics here while running (0: any).",
+)
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address /metrics binds to.")
-@click.option("--linger", default=0.0, show_default=True, help="Keep serving /metrics this many seconds after the run.")
+@click.option(
+    "--linger",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Keep serving /metrics this many seconds after the run.",
+)
 @click.option(
     "--report-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -60,25 +72,24 @@ def demo(
     linger: float,
     report_dir: Path,
 ) -> None:
-    try:
-        config = DemoConfig(
-            shards=shards,
-            prompts=prompts,
-            over_long_prompts=over_long,
-            chaos=chaos,
-            environment=environment,
-            concurrency=concurrency,
-            seed=seed,
-            report_dir=report_dir,
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    config = config_from_options(  # DemoConfig's fields hold the bounds; a value out of them is a usage error
+        DemoConfig,
+        renamed={"over_long_prompts": "--over-long"},
+        shards=shards,
+        prompts=prompts,
+        over_long_prompts=over_long,
+        chaos=chaos,
+        environment=environment,
+        concurrency=concurrency,
+        seed=seed,
+        report_dir=report_dir,
+    )
     console = Console()
     registry = CollectorRegistry()
     try:
         server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
-    except OSError as exc:
-        raise click.UsageError(
+    except OSError as exc:  # the port is taken or the address is not ours: the world, not the command line
+        raise click.ClickException(
             f"cannot serve /metrics on {metrics_host}:{metrics_port}: {exc} (try --metrics-port 0)"
         ) from None
     console.print(

@@ -11,17 +11,32 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel, ValidationError
 
 from rollout_runtime.cli import command_summary
+from rollout_runtime.cli.errors import describe_validation_error, one_line_usage
 
-__all__ = ["EXIT_WITH_PARENT", "HOST", "PORT", "command_help", "log_level", "serve_until_stopped"]
+__all__ = [
+    "EXIT_WITH_PARENT",
+    "HOST",
+    "LOG_LEVELS",
+    "PORT",
+    "PORT_NUMBER",
+    "command_help",
+    "config_from_options",
+    "log_level",
+    "serve_until_stopped",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=BaseModel)
+
+PORT_NUMBER = click.IntRange(0, 65535)
+"""A TCP port to bind; 0 lets the kernel pick."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-PORT = click.option(
-    "--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0: the kernel picks a free port."
-)
+PORT = click.option("--port", type=PORT_NUMBER, default=0, show_default=True, help="0: the kernel picks a free port.")
 EXIT_WITH_PARENT = click.option(
     "--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for spawners)."
 )
@@ -29,7 +44,25 @@ EXIT_WITH_PARENT = click.option(
 
 def log_level(default: str) -> Callable[[F], F]:
     """``--log-level``; each server picks its own default (a shard is quiet, an environment server chatty)."""
-    return click.option("--log-level", default=default, show_default=True, help="Python logging level.")
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default=default,
+        show_default=True,
+        help="Python logging level.",
+    )
+
+
+def config_from_options(model: type[M], /, renamed: dict[str, str] | None = None, **values: Any) -> M:
+    """``model(**values)``, where a value the model refuses (a cross-field rule the options' types cannot state) is
+    a usage error naming the option. ``renamed`` maps a field to its flag where the two names differ."""
+    try:
+        return model(**values)
+    except ValidationError as error:
+        ctx = click.get_current_context(silent=True)
+        flags = {p.name: max(p.opts, key=len) for p in (ctx.command.params if ctx else []) if p.name}
+        message = describe_validation_error(error, {**flags, **(renamed or {})})
+        raise one_line_usage(click.UsageError(message, ctx)) from None
 
 
 def command_help(name: str, details: str = "") -> str:

@@ -18,9 +18,16 @@ import sys
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 
-from rollout_runtime.cli.options import EXIT_WITH_PARENT, HOST, PORT, command_help, log_level, serve_until_stopped
+from rollout_runtime.cli.options import (
+    EXIT_WITH_PARENT,
+    HOST,
+    PORT,
+    command_help,
+    config_from_options,
+    log_level,
+    serve_until_stopped,
+)
 from rollout_runtime.environment import EnvironmentServerConfig
 
 READY_PREFIX = "SIM_ENV_READY "
@@ -70,20 +77,24 @@ def sim_env(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        config = EnvironmentServerConfig(
-            host=host,
-            port=port,
-            checkpoint_dir=checkpoint_dir,
-            max_concurrent_episodes=max_concurrent_episodes,
-            max_queued_episodes=max_queued_episodes,
-            admission_timeout_seconds=admission_timeout,
-            default_episode_timeout_seconds=episode_timeout,
-            cleanup_timeout_seconds=cleanup_timeout,
-            duplicate_attempt_wait_seconds=duplicate_attempt_wait,
-        )
-    except ValidationError as exc:
-        raise click.UsageError(str(exc)) from None
+    config = config_from_options(
+        EnvironmentServerConfig,
+        renamed={
+            "admission_timeout_seconds": "--admission-timeout",
+            "default_episode_timeout_seconds": "--episode-timeout",
+            "cleanup_timeout_seconds": "--cleanup-timeout",
+            "duplicate_attempt_wait_seconds": "--duplicate-attempt-wait",
+        },
+        host=host,
+        port=port,
+        checkpoint_dir=checkpoint_dir,
+        max_concurrent_episodes=max_concurrent_episodes,
+        max_queued_episodes=max_queued_episodes,
+        admission_timeout_seconds=admission_timeout,
+        default_episode_timeout_seconds=episode_timeout,
+        cleanup_timeout_seconds=cleanup_timeout,
+        duplicate_attempt_wait_seconds=duplicate_attempt_wait,
+    )
     serve_until_stopped(_serve(kind, config, exit_with_parent=exit_with_parent), host, port)
 
 

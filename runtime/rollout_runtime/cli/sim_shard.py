@@ -13,10 +13,17 @@ import sys
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
-from rollout_runtime.cli.options import EXIT_WITH_PARENT, HOST, PORT, command_help, log_level, serve_until_stopped
-from rollout_runtime.sim.shard import READY_PREFIX, SimFaults, SimShardConfig, serve
+from rollout_runtime.cli.options import (
+    EXIT_WITH_PARENT,
+    HOST,
+    PORT,
+    command_help,
+    config_from_options,
+    log_level,
+    serve_until_stopped,
+)
+from rollout_runtime.sim.shard import READY_PREFIX, SimShardConfig, serve
 
 
 def _print_ready(info: dict[str, Any]) -> None:
@@ -73,27 +80,25 @@ def sim_shard(
     log_level: str,
 ) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = SimShardConfig(
-            model=model,
-            max_model_len=max_model_len,
-            seed=seed,
-            max_body_bytes=max_body_bytes,
-            faults=SimFaults(
-                hang=hang,
-                slow_seconds=slow_seconds,
-                error_rate=error_rate,
-                error_status=error_status,
-                fail_next=fail_next,
-                drop_rate=drop_rate,
-                wrong_model=wrong_model,
-                unhealthy=unhealthy,
-                flap_seconds=flap_seconds,
-                crash_after_requests=crash_after,
-            ),
-        )
-    except ValidationError as exc:
-        raise click.UsageError(str(exc)) from None
+    config = config_from_options(
+        SimShardConfig,
+        model=model,
+        max_model_len=max_model_len,
+        seed=seed,
+        max_body_bytes=max_body_bytes,
+        faults={
+            "hang": hang,
+            "slow_seconds": slow_seconds,
+            "error_rate": error_rate,
+            "error_status": error_status,
+            "fail_next": fail_next,
+            "drop_rate": drop_rate,
+            "wrong_model": wrong_model,
+            "unhealthy": unhealthy,
+            "flap_seconds": flap_seconds,
+            "crash_after_requests": crash_after,
+        },
+    )
     serve_until_stopped(serve(config, host, port, exit_with_parent=exit_with_parent, ready=_print_ready), host, port)
 
 
