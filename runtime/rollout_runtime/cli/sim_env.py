@@ -101,6 +101,7 @@ def sim_env(
 async def _serve(kind: str, config: EnvironmentServerConfig, *, exit_with_parent: bool) -> None:
     from rollout_runtime.sim.environments import SIM_ENVIRONMENTS
 
+    parent = os.getppid()  # before readiness is announced: a parent may exit the moment it reads the ready line
     server = SIM_ENVIRONMENTS[kind](config)
     running = await server.start()
     stop = asyncio.Event()
@@ -109,7 +110,6 @@ async def _serve(kind: str, config: EnvironmentServerConfig, *, exit_with_parent
         loop.add_signal_handler(sig, stop.set)
     ready = {"host": config.host, "port": running.port, "pid": os.getpid(), "kind": kind, "url": running.url}
     print(READY_PREFIX + json.dumps(ready), flush=True)
-    parent = os.getppid()
     try:
         while not stop.is_set():
             try:

@@ -518,6 +518,7 @@ async def serve(
     """
     import signal
 
+    parent = os.getppid()  # before readiness is announced: a parent may exit the moment it reads the ready line
     shard = SimShard(config)
     runner = web.AppRunner(shard.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
@@ -531,7 +532,6 @@ async def serve(
         bound_port = _bound_port(site, port)
         if ready is not None:
             ready({"host": host, "port": bound_port, "pid": os.getpid(), "model": config.model})
-        parent = os.getppid()
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
