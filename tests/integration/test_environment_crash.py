@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from rollout_runtime.environment import EnvironmentClient
 from rollout_runtime.failures import (
@@ -23,7 +22,8 @@ from rollout_runtime.failures import (
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import MultiStepResponse
 from support.deadlines import within
-from support.tool_server import ToolServer
+from support.environment import killed_at_exit
+from support.tool_server import ToolServer, serve_tool_server
 
 VALUES = [1, 2, 3, 4, 5]
 TOTALS = [1, 3, 6, 10, 15]
@@ -31,32 +31,14 @@ TOTALS = [1, 3, 6, 10, 15]
 
 @pytest.fixture
 async def tool() -> AsyncIterator[ToolServer]:
-    server = ToolServer()
-    app = web.Application()
-    app.router.add_post("/open", server.open)
-    app.router.add_post("/step", server.step)
-    app.router.add_post("/close", server.close)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serve_tool_server() as server:
         yield server
-    finally:
-        for _, release in server._holds.values():
-            release.set()
-        await runner.cleanup()
 
 
 @pytest.fixture
 async def processes() -> AsyncIterator[list[SimEnvProcess]]:
-    started: list[SimEnvProcess] = []
-    try:
+    async with killed_at_exit() as started:
         yield started
-    finally:
-        for process in started:
-            await process.kill()
 
 
 async def _spawn(processes: list[SimEnvProcess], checkpoint_dir: Path, tmp_path: Path) -> SimEnvProcess:

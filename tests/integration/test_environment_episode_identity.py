@@ -17,15 +17,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_runtime.environment import EnvironmentClient
 from rollout_runtime.failures import FailureClass, RolloutInfraFailure, classify_rollout_failure, http_status_is_infra
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import MultiStepResponse
-from support.environment import until
-from support.tool_server import ToolServer, tool_app
+from support.environment import killed_at_exit, until
+from support.tool_server import ToolServer, serve_tool_server
 
 VALUES = [1, 2, 3, 4, 5]
 TOTALS = [1, 3, 6, 10, 15]
@@ -33,28 +32,14 @@ TOTALS = [1, 3, 6, 10, 15]
 
 @pytest.fixture
 async def tool() -> AsyncIterator[ToolServer]:
-    server = ToolServer()
-    runner = web.AppRunner(tool_app(server))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serve_tool_server() as server:
         yield server
-    finally:
-        for _, release in server._holds.values():
-            release.set()
-        await runner.cleanup()
 
 
 @pytest.fixture
 async def processes() -> AsyncIterator[list[SimEnvProcess]]:
-    started: list[SimEnvProcess] = []
-    try:
+    async with killed_at_exit() as started:
         yield started
-    finally:
-        for process in started:
-            await process.kill()
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ Plain helpers (no fixtures), imported as ``support.environment``; fixtures live 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from rollout_runtime.environment import (
     BaseEnvironmentServer,
@@ -17,6 +18,18 @@ from rollout_runtime.environment import (
     dependency_episode_failure,
     handled_episode_failure,
 )
+from rollout_runtime.sim.env_process import SimEnvProcess
+
+
+@contextlib.asynccontextmanager
+async def killed_at_exit() -> AsyncIterator[list[SimEnvProcess]]:
+    """A list for the sim-env processes a test starts; every one is killed (by pid) when the block ends."""
+    started: list[SimEnvProcess] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            await process.kill()
 
 
 async def until(predicate: Callable[[], bool], *, yields: int = 10_000) -> None:

@@ -6,8 +6,10 @@ The multi-step sim environment keeps its sandbox on it (``tool_url``), across ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -58,3 +60,20 @@ def tool_app(server: ToolServer) -> web.Application:
     app.router.add_post("/step", server.step)
     app.router.add_post("/close", server.close)
     return app
+
+
+@contextlib.asynccontextmanager
+async def serve_tool_server() -> AsyncIterator[ToolServer]:
+    """A ToolServer listening on 127.0.0.1 (its ``url`` set); held steps are released when the block ends."""
+    server = ToolServer()
+    runner = web.AppRunner(tool_app(server))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield server
+    finally:
+        for _, release in server._holds.values():
+            release.set()
+        await runner.cleanup()
