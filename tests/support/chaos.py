@@ -48,6 +48,7 @@ from rollout_runtime.environment import EnvironmentClient
 from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall, failure_type
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import ProbeSettings
+from rollout_runtime.metrics import FLEET_LABELS
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
 from rollout_runtime.sim.chaos import FLEET_TARGET, FaultInjector, FaultKind, FaultSchedule, InjectedFault, SimEnvTarget
@@ -198,12 +199,14 @@ def _socket_count() -> int:
 
 
 def _metric_values(registry: CollectorRegistry) -> dict[str, float]:
+    """Samples by name and labels; the run's own identity labels (every sample has the same) are left out."""
     values: dict[str, float] = {}
     for family in registry.collect():
         for sample in family.samples:
             if sample.name.endswith("_created") or "_bucket" in sample.name:
                 continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            own = sorted((k, v) for k, v in sample.labels.items() if k not in FLEET_LABELS)
+            labels = ",".join(f"{k}={v}" for k, v in own)
             values[f"{sample.name}{{{labels}}}"] = sample.value
     return values
 
