@@ -3,7 +3,8 @@
 looptime's ``pytest_pyfunc_call`` calls ``event_loop_policy.get_event_loop()`` for every test (pytest-asyncio's
 policy fixture is autouse), which for a sync test creates and sets a new loop that nobody closes. The next async test
 replaces it, the orphan is garbage-collected, and its ResourceWarning fails whichever test is running then. This
-wrapper closes only a loop that appeared during a sync test's call and is not running.
+wrapper gives each sync test a loop of its own and closes it, and any other loop that appeared during the call, when
+the call ends (unless it is running).
 """
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[None]:
         return (yield)
     policy = asyncio.get_event_loop_policy()
     before = _policy_loop(policy)
+    # Give the test a loop of ours for looptime to find: a sync test that calls asyncio.run() (a CLI command under
+    # click's CliRunner) ends by *unsetting* the current loop, so a loop looptime created would be out of sight here.
+    ours = policy.new_event_loop() if before is None else None
+    if ours is not None:
+        policy.set_event_loop(ours)
     try:
         return (yield)
     finally:
         after = _policy_loop(policy)
-        if before is None and after is not None and not after.is_running():
-            policy.set_event_loop(None)
-            after.close()
+        for loop in {after, ours} - {before, None}:
+            if loop is not None and not loop.is_running() and not loop.is_closed():
+                if _policy_loop(policy) is loop:
+                    policy.set_event_loop(None)
+                loop.close()
