@@ -15,7 +15,7 @@ What counts as a secret (deliberately broad: a false positive costs a few charac
 - a credential named in prose: ``Invalid API key: <k>``, ``api key <k>``, ``password <v>``, ``token <t>``;
 - credential headers: ``Ocp-Apim-Subscription-Key: <k>``, ``X-Goog-Api-Key: <k>``, any ``...-key: <k>``;
 - keys in URLs: a credential-named query parameter (``?key=``, ``?api_key=``, ``?sig=``, ``?code=``...) and a
-  long opaque path segment in a URL (20+ letters and digits mixed, such as ``/v1/<key>/completions``);
+  long opaque path segment in a URL (20+ letters, digits or ``_``, such as ``/v1/<key>/completions``);
 - well-known token shapes anywhere: OpenAI ``sk-...``, Hugging Face ``hf_...``, GitHub ``ghp_...``, Slack
   ``xox?-...``, AWS access key ids ``AKIA...``, Google ``AIza...``, JSON Web Tokens ``eyJ....eyJ....``.
 """
@@ -48,7 +48,8 @@ _KEY_VALUE: Final[re.Pattern[str]] = re.compile(
 )
 _PROSE_KEY: Final[re.Pattern[str]] = re.compile(
     r"(?P<key>\b(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|subscription[ _-]?key|private[ _-]?key|key|password"
-    r"|passphrase|passwd|token|secret|credentials?)\b[\"']?(?:\s*(?:is|was|=|:)\s*|\s+)[\"'`]?)"
+    r"|passphrase|passwd|token|secret|credentials?)\b(?:\s+(?:provided|given|supplied|used|sent|received))?"
+    r"[\"']?(?:\s*(?:is|was|=|:)\s*|\s+)[\"'`]?)"
     r"(?P<value>(?=[^\s\"'`,;]*[0-9_+/=-])[^\s\"'`,;]{6,}|[^\s\"'`,;]{12,})",
     re.IGNORECASE,
 )
@@ -63,11 +64,9 @@ _URL_QUERY_KEY: Final[re.Pattern[str]] = re.compile(
     re.IGNORECASE,
 )
 _URL: Final[re.Pattern[str]] = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>`]+")
-_OPAQUE_SEGMENT: Final[re.Pattern[str]] = re.compile(
-    r"(?<=/)(?:(?=[A-Za-z0-9_]*[0-9])(?=[A-Za-z0-9_]*[A-Za-z])[A-Za-z0-9_]{20,}|[A-Za-z0-9_~.+=-]{40,})(?=[/?#;]|$)"
-)
-"""In a URL's path, a segment of 20+ word characters mixing letters and digits, or any 40+ character segment: a key
-in the path. Model names (``Llama-3.1-8B-Instruct``) have dots and dashes and stay; outside URLs nothing is cut."""
+_OPAQUE_SEGMENT: Final[re.Pattern[str]] = re.compile(r"(?<=/)(?:[A-Za-z0-9_]{20,}|[A-Za-z0-9_~.+=-]{40,})(?=[/?#;]|$)")
+"""In a URL's path, a segment of 20+ word characters, or any 40+ character segment: a key in the path. Model names
+(``Llama-3.1-8B-Instruct``) have dots and dashes and stay; outside URLs nothing is cut."""
 _TOKEN_SHAPES: Final[re.Pattern[str]] = re.compile(
     r"\b(?:"
     r"sk-[A-Za-z0-9_-]{12,}"  # OpenAI and compatible
