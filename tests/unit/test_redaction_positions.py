@@ -20,7 +20,11 @@ from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, HealthState, ProbeReason, ProbeSettings, ProbeTargetPolicy, Transition
 from rollout_runtime.health.probe import HttpProber, check_model_list
 
-SECRETS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=20, max_size=48)
+SECRETS = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=20, max_size=48
+).filter(
+    lambda s: any(c.isdigit() for c in s)  # a key, not a word that the output holds anyway ("consecutiveSuccesses")
+)
 SHAPES = st.sampled_from(
     [
         "Invalid API key: {s}",
