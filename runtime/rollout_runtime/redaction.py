@@ -119,12 +119,18 @@ def safe_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 def redirect_message(where: str, status: int, headers: Mapping[str, str]) -> str:
     """Why a 3xx is a failure: redirects are never followed, so the message names the status and the host only.
 
-    Only the Location's host is shown (bounded, redacted): its path and query may carry the prompt or a key.
+    Only the Location's host is shown (bounded, redacted): its path and query may carry the prompt or a key. A
+    relative Location (the same host) shows its path without the query, redacted.
     """
     location = headers.get("Location", "")[:2048]
     try:
         host = urlsplit(location).hostname or ""
     except ValueError:
         host = ""
-    target = f"to host {safe_message(host, 253)!r}" if host else "to a relative location" if location else ""
+    if host:
+        target = f"to host {safe_message(host, 253)!r}"
+    elif location:  # the same host: its path says where (redacted, bounded)
+        target = f"to {safe_message(location.split('?', 1)[0], 200)!r} on the same host"
+    else:
+        target = "without a Location"
     return safe_message(f"{where} answered a redirect (HTTP {status}) {target}; redirects are never followed")
