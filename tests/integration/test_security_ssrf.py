@@ -160,6 +160,14 @@ async def test_a_name_allowed_by_pattern_must_resolve_into_the_cidr_allowlist(
         await resolver.close()
 
 
+def test_an_exactly_listed_name_is_constrained_by_the_forbidden_ranges_only() -> None:
+    """What LocalShardSource builds from its own endpoints: an IP and a name side by side, the name anywhere."""
+    policy = ProbeTargetPolicy.for_endpoints(["http://127.0.0.1:9000", "http://gpu-3.lab:8000"])
+    assert policy.check_resolved("gpu-3.lab", "10.4.4.4").allowed
+    assert not policy.check_resolved("gpu-3.lab", "169.254.169.254").allowed
+    assert not policy.check_resolved("gpu-3.lab", "::").allowed
+
+
 def test_without_cidr_blocks_a_pattern_allowed_name_is_constrained_by_the_forbidden_ranges_only() -> None:
     policy = ProbeTargetPolicy(allowed_hosts=("*.gpu.internal",))
     assert policy.check_resolved("a.gpu.internal", "10.9.9.9").allowed

@@ -24,9 +24,10 @@ Cluster-service names are allowed only in the target's own namespace when the ca
 Names are checked as written and, at connect time, every address they resolve to is checked again
 (:meth:`ProbeTargetPolicy.check_resolved`, used by the prober's resolver; the connection goes to exactly those
 addresses, so there is no re-resolution gap). The rule for a resolved address: never a forbidden one (above),
-loopback only with ``allow_loopback``, and, when ``allowed_hosts`` has CIDR blocks, a name allowed by a host
-pattern must resolve only into one of those blocks (a name allowed by pattern must still resolve only to permitted
-addresses). Cluster-service names resolve to cluster IPs, which only the forbidden ranges constrain.
+loopback only with ``allow_loopback``, and, when ``allowed_hosts`` has CIDR blocks, a name allowed by a wildcard
+pattern (``*.gpu.internal``: names a tenant may create) must resolve only into one of those blocks (a name allowed
+by pattern must still resolve only to permitted addresses). A host listed exactly (``gpu-3.lab``, what
+:meth:`for_endpoints` lists) and cluster-service names (cluster IPs) are constrained by the forbidden ranges only.
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ class ProbeTargetPolicy(BaseModel):
             return verdict  # loopback was judged above; an IP literal was judged as written
         if self.allow_cluster_services and self._is_cluster_service(name):
             return TargetVerdict(allowed=True, reason="cluster service address")
+        if name in self.allowed_hosts:
+            return verdict  # a host the operator named exactly (for_endpoints: the caller's own shards)
         networks = [pattern for pattern in self.allowed_hosts if "/" in pattern]
         if networks and not self._allowlisted("", ip, patterns=networks):
             return TargetVerdict(allowed=False, reason=f"{name} resolves to {ip}, which is not in allowed_hosts")
