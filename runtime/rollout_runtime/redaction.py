@@ -64,9 +64,13 @@ _URL_QUERY_KEY: Final[re.Pattern[str]] = re.compile(
     re.IGNORECASE,
 )
 _URL: Final[re.Pattern[str]] = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>`]+")
-_OPAQUE_SEGMENT: Final[re.Pattern[str]] = re.compile(r"(?<=/)(?:[A-Za-z0-9_]{20,}|[A-Za-z0-9_~.+=-]{40,})(?=[/?#;]|$)")
-"""In a URL's path, a segment of 20+ word characters, or any 40+ character segment: a key in the path. Model names
-(``Llama-3.1-8B-Instruct``) have dots and dashes and stay; outside URLs nothing is cut."""
+_OPAQUE_SEGMENT: Final[re.Pattern[str]] = re.compile(
+    r"(?<=/)(?=[A-Za-z0-9_~.+=-]*[0-9])(?=[A-Za-z0-9_~.+=-]*[A-Za-z])"
+    r"(?:[A-Za-z0-9_]{20,}|[A-Za-z0-9_~.+=-]{40,})(?=[/?#;]|$)"
+)
+"""In a URL's path, a segment mixing letters and digits, of 20+ word characters or 40+ characters of any kind: a
+key in the path. Model names (``Llama-3.1-8B-Instruct``) have dots and dashes and stay, so does a long run of
+letters (``/pppp...``); outside URLs nothing is cut."""
 _TOKEN_SHAPES: Final[re.Pattern[str]] = re.compile(
     r"\b(?:"
     r"sk-[A-Za-z0-9_-]{12,}"  # OpenAI and compatible

@@ -23,7 +23,8 @@ from rollout_runtime.health.probe import HttpProber, check_model_list
 SECRETS = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=20, max_size=48
 ).filter(
-    lambda s: any(c.isdigit() for c in s)  # a key, not a word that the output holds anyway ("consecutiveSuccesses")
+    # a key mixes letters and digits (not a word the output holds anyway, like "consecutiveSuccesses")
+    lambda s: any(c.isdigit() for c in s) and any(c.isalpha() for c in s)
 )
 SHAPES = st.sampled_from(
     [
