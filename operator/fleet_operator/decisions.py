@@ -30,6 +30,7 @@ from fleet_operator.models import (
 )
 from rollout_runtime.health import HealthPhase, HealthState, Transition
 from rollout_runtime.kube import kinds
+from rollout_runtime.redaction import redact_url, safe_message
 from rollout_runtime.shards.model import Shard, revision_of
 
 __all__ = [
@@ -126,7 +127,9 @@ def shard_status(
     result = state.last_result
     serving = phase.serving
     if state.last_error is not None:
-        last_error = f"{state.last_reason.value if state.last_reason else 'error'}: {state.last_error}"[:1024]
+        last_error = safe_message(
+            f"{state.last_reason.value if state.last_reason else 'error'}: {state.last_error}", 1024
+        )
     else:
         last_error = None
     if serving:
@@ -148,7 +151,7 @@ def shard_status(
     )
     return ShardStatus(
         phase=phase,
-        endpoint=endpoint,
+        endpoint=redact_url(endpoint),
         consecutive_successes=state.consecutive_successes,
         consecutive_failures=state.consecutive_failures,
         last_error=last_error,
@@ -313,7 +316,7 @@ class EventNote:
 def transition_event(transition: Transition) -> EventNote:
     """A target's phase change: ``Became<Phase>``, a Warning when it stops serving or starts failing."""
     bad = transition.to_phase in (HealthPhase.UNHEALTHY, HealthPhase.SUSPECT)
-    detail = f": {transition.message}" if transition.message else ""
+    detail = f": {safe_message(transition.message, 1024)}" if transition.message else ""
     return EventNote(
         type_="Warning" if bad else "Normal",
         reason=f"Became{transition.to_phase.value}",

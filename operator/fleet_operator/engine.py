@@ -100,6 +100,7 @@ class FleetEngine:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
+        self._policy = settings.probe_policy()
         self._api = api
         self._metrics = metrics if metrics is not None else FleetMetrics()
         self._wall = wall_clock
@@ -190,7 +191,7 @@ class FleetEngine:
         self._wake.set()
 
     async def _upsert_target(self, kind: str, body: Mapping[str, Any]) -> None:
-        seen = observe_target(kind, body, self._settings.cluster_domain)
+        seen = observe_target(kind, body, self._settings.cluster_domain, self._policy)
         key = seen.key
         if self._records.replaced(seen):
             self.forget(*key)

@@ -25,7 +25,8 @@ from fleet_operator.models import (
     ShardStatus,
 )
 from fleet_operator.schedule import WriteState
-from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget
+from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget, ProbeTargetPolicy
+from rollout_runtime.redaction import safe_message
 
 __all__ = [
     "FleetKey",
@@ -133,11 +134,17 @@ class FleetObservation:
 
 
 def _invalid(exc: ValidationError) -> str:
-    return f"invalid spec: {exc.errors()[0].get('msg', exc)}"[:_MAX_INVALID_CHARS]
+    return safe_message(f"invalid spec: {exc.errors()[0].get('msg', exc)}", _MAX_INVALID_CHARS)
 
 
-def observe_target(kind: str, body: Mapping[str, Any], cluster_domain: str) -> TargetObservation:
-    """Read a target's event body; an invalid spec is recorded as such (the status says why), not raised."""
+def observe_target(
+    kind: str, body: Mapping[str, Any], cluster_domain: str, policy: ProbeTargetPolicy | None = None
+) -> TargetObservation:
+    """Read a target's event body; an invalid spec is recorded as such (the status says why), not raised.
+
+    With ``policy``, an endpoint carrying a credential or naming a cluster Service of another namespace is such an
+    invalid spec (:meth:`ProbeTargetPolicy.check_endpoint`): never probed, never published.
+    """
     meta = body.get("metadata", {})
     key = TargetKey(kind, meta.get("namespace", ""), meta.get("name", ""))
     spec: TargetSpec | None
@@ -147,6 +154,10 @@ def observe_target(kind: str, body: Mapping[str, Any], cluster_domain: str) -> T
         endpoint = resolve_endpoint(spec, key.namespace, cluster_domain)
     except ValidationError as exc:
         spec, endpoint, invalid = None, "", _invalid(exc)
+    if spec is not None and policy is not None:
+        verdict = policy.check_endpoint(endpoint, key.namespace)
+        if not verdict.allowed:
+            spec, endpoint, invalid = None, "", f"invalid spec: endpoint: {verdict.reason}"[:_MAX_INVALID_CHARS]
     return TargetObservation(
         key=key,
         uid=meta.get("uid", ""),

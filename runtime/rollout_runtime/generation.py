@@ -8,6 +8,8 @@ What a failure means decides what the dispatcher does with it, so the mapping is
   status; any other 4xx: :class:`RolloutDataFailure` with the server's own message, bounded), with one exception:
   vLLM's 404 "The model `x` does not exist." says the *shard* serves the wrong model, which another shard fixes, so
   it is GenerationUnavailable;
+- a redirect (3xx) -> GenerationUnavailable naming the status and the Location's host: redirects are never
+  followed, since the prompt and the trainer's API-key header would go to a host that is not a shard;
 - a 200 whose body is not a completion -> RolloutDataFailure (the server answered; retrying elsewhere would not
   change the protocol), except a body larger than the bound, which is GenerationUnavailable.
 
@@ -33,7 +35,7 @@ from rollout_runtime.failures import (
     RolloutTimeout,
     http_status_is_infra,
 )
-from rollout_runtime.redaction import redact_url, safe_message
+from rollout_runtime.redaction import redact_url, redirect_message, safe_message
 from rollout_runtime.shards.model import Shard
 
 __all__ = ["Completion", "GenerationClient"]
@@ -157,9 +159,13 @@ class GenerationClient:
         where = f"shard {shard.name} ({redact_url(shard.endpoint)})"
         try:
             async with asyncio.timeout(self.timeout_seconds):
-                async with self._get_session().post(url, json=payload, timeout=self._timeout) as response:
-                    body = await self._read_bounded(response, where)
+                async with self._get_session().post(
+                    url, json=payload, timeout=self._timeout, allow_redirects=False
+                ) as response:
                     status = response.status
+                    if 300 <= status < 400:  # never followed: the prompt and the API key would go there
+                        raise GenerationUnavailable(redirect_message(where, status, response.headers), status=status)
+                    body = await self._read_bounded(response, where)
         except TimeoutError as exc:
             raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
@@ -186,7 +192,7 @@ class GenerationClient:
     @staticmethod
     def _raise_for_status(status: int, body: bytes, where: str) -> None:
         message = safe_message(_server_message(body[: MAX_MESSAGE_CHARS * 4]) or f"HTTP {status}")
-        if status < 200 or 300 <= status < 400:
+        if status < 200:
             raise RolloutDataFailure(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)
         if http_status_is_infra(status):
             raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)

@@ -12,6 +12,10 @@ What counts as a secret (deliberately broad: a false positive costs a few charac
 - an auth scheme and its credential: ``Bearer <token>``, ``Basic <b64>``, ``Token <t>``, ``ApiKey <k>``;
 - ``key=value`` / ``"key": "value"`` where the key names a credential (api_key, token, secret, password,
   authorization, x-api-key, access_key, session, cookie, ...);
+- a credential named in prose: ``Invalid API key: <k>``, ``api key <k>``, ``password <v>``, ``token <t>``;
+- credential headers: ``Ocp-Apim-Subscription-Key: <k>``, ``X-Goog-Api-Key: <k>``, any ``...-key: <k>``;
+- keys in URLs: a credential-named query parameter (``?key=``, ``?api_key=``, ``?sig=``, ``?code=``...) and a
+  long opaque path segment in a URL (20+ letters, digits or ``_``, such as ``/v1/<key>/completions``);
 - well-known token shapes anywhere: OpenAI ``sk-...``, Hugging Face ``hf_...``, GitHub ``ghp_...``, Slack
   ``xox?-...``, AWS access key ids ``AKIA...``, Google ``AIza...``, JSON Web Tokens ``eyJ....eyJ....``.
 """
@@ -19,9 +23,11 @@ What counts as a secret (deliberately broad: a false positive costs a few charac
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
+from urllib.parse import urlsplit
 
-__all__ = ["MAX_MESSAGE_CHARS", "REDACTED", "redact_secrets", "redact_url", "safe_message"]
+__all__ = ["MAX_MESSAGE_CHARS", "REDACTED", "redact_secrets", "redact_url", "redirect_message", "safe_message"]
 
 REDACTED: Final[str] = "***"
 
@@ -40,6 +46,31 @@ _KEY_NAMES: Final[str] = (
 _KEY_VALUE: Final[re.Pattern[str]] = re.compile(
     rf"(?P<key>\b{_KEY_NAMES}\b[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\s\"'&,;}}\]]{{3,}})", re.IGNORECASE
 )
+_PROSE_KEY: Final[re.Pattern[str]] = re.compile(
+    r"(?P<key>\b(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|subscription[ _-]?key|private[ _-]?key|key|password"
+    r"|passphrase|passwd|token|secret|credentials?)\b(?:\s+(?:provided|given|supplied|used|sent|received))?"
+    r"[\"']?(?:\s*(?:is|was|=|:)\s*|\s+)[\"'`]?)"
+    r"(?P<value>(?=[^\s\"'`,;]*[0-9_+/=-])[^\s\"'`,;]{6,}|[^\s\"'`,;]{12,})",
+    re.IGNORECASE,
+)
+"""A credential word followed by a value: the value either has a digit or symbol, or is long (so "password reset"
+stays readable but "password hunter22" and "key abcdefghijklmnop" do not)."""
+_HEADER_KEY: Final[re.Pattern[str]] = re.compile(
+    r"(?P<key>\b[A-Za-z0-9-]*(?:key|token|secret|signature|auth)[A-Za-z0-9-]*\s*:\s*)(?P<value>[^\s\"',;]{8,})",
+    re.IGNORECASE,
+)
+_URL_QUERY_KEY: Final[re.Pattern[str]] = re.compile(
+    r"(?P<key>[?&](?:[a-z0-9_.-]*(?:key|token|secret|sig|signature|code|auth|pass)[a-z0-9_.-]*)=)(?P<value>[^&#\s\"']+)",
+    re.IGNORECASE,
+)
+_URL: Final[re.Pattern[str]] = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>`]+")
+_OPAQUE_SEGMENT: Final[re.Pattern[str]] = re.compile(
+    r"(?<=/)(?=[A-Za-z0-9_~.+=-]*[0-9])(?=[A-Za-z0-9_~.+=-]*[A-Za-z])"
+    r"(?:[A-Za-z0-9_]{20,}|[A-Za-z0-9_~.+=-]{40,})(?=[/?#;]|$)"
+)
+"""In a URL's path, a segment mixing letters and digits, of 20+ word characters or 40+ characters of any kind: a
+key in the path. Model names (``Llama-3.1-8B-Instruct``) have dots and dashes and stay, so does a long run of
+letters (``/pppp...``); outside URLs nothing is cut."""
 _TOKEN_SHAPES: Final[re.Pattern[str]] = re.compile(
     r"\b(?:"
     r"sk-[A-Za-z0-9_-]{12,}"  # OpenAI and compatible
@@ -59,8 +90,23 @@ def redact_secrets(text: str) -> str:
         return text
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
     text = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']}{REDACTED}", text)
-    text = _KEY_VALUE.sub(lambda m: m["key"] + (m["value"] if m["value"] == REDACTED else REDACTED), text)
+    text = _KEY_VALUE.sub(_keep_key, text)
+    text = _URL_QUERY_KEY.sub(_keep_key, text)
+    text = _HEADER_KEY.sub(_keep_key, text)
+    text = _PROSE_KEY.sub(_keep_key, text)
+    text = _URL.sub(_redact_url_path, text)
     return _TOKEN_SHAPES.sub(REDACTED, text)
+
+
+def _redact_url_path(match: re.Match[str]) -> str:
+    url = match[0]
+    path_start = url.find("/", url.index("://") + 3)
+    return url if path_start < 0 else url[:path_start] + _OPAQUE_SEGMENT.sub(REDACTED, url[path_start:])
+
+
+def _keep_key(match: re.Match[str]) -> str:
+    value = match["value"]
+    return match["key"] + (value if value.startswith(REDACTED) else REDACTED)
 
 
 def redact_url(url: str) -> str:
@@ -72,3 +118,23 @@ def safe_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """Foreign text made fit to travel: credentials redacted first, then bounded to ``limit`` (the cut marked)."""
     text = redact_secrets(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def redirect_message(where: str, status: int, headers: Mapping[str, str]) -> str:
+    """Why a 3xx is a failure: redirects are never followed, so the message names the status and the host only.
+
+    Only the Location's host is shown (bounded, redacted): its path and query may carry the prompt or a key. A
+    relative Location (the same host) shows its path without the query, redacted.
+    """
+    location = headers.get("Location", "")[:2048]
+    try:
+        host = urlsplit(location).hostname or ""
+    except ValueError:
+        host = ""
+    if host:
+        target = f"to host {safe_message(host, 253)!r}"
+    elif location:  # the same host: its path says where (redacted, bounded)
+        target = f"to {safe_message(location.split('?', 1)[0], 200)!r} on the same host"
+    else:
+        target = "without a Location"
+    return safe_message(f"{where} answered a redirect (HTTP {status}) {target}; redirects are never followed")

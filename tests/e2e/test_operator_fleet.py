@@ -54,12 +54,17 @@ def in_set(obj: dict[str, Any]) -> set[str]:
 
 @contextlib.asynccontextmanager
 async def operated_fleet(
-    plane: ControlPlane, namespace: str, tmp_path: Path, operators: list[OperatorProcess], count: int = 3
+    plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    operators: list[OperatorProcess],
+    count: int = 3,
+    **settings: Any,
 ) -> AsyncIterator[tuple[SimFleet, client.ApiClient, OperatorProcess]]:
     """Sim shards, their GenerationShards and fleet `a`, and a leading operator; yields once all are healthy."""
     async with SimFleet(count, log_dir=tmp_path / "sim") as fleet, api_client(plane.kubeconfig) as api:
         plane.apply(*(shard_object(s) for s in fleet.shards), fleet_object(), namespace=namespace)
-        operator = OperatorProcess(plane, namespace, tmp_path, identity="op-a")
+        operator = OperatorProcess(plane, namespace, tmp_path, identity="op-a", **settings)
         operators.append(operator)
         operator.start()
         await operator.wait_role("leader")
@@ -207,3 +212,38 @@ async def test_trainer_dispatcher_following_the_fleet_completes_a_batch_while_sh
     for outcome in completed:
         assert isinstance(outcome, Completed)
         assert outcome.result.strip() == expected_answer(outcome.prompt)
+
+
+async def test_an_unspecified_address_target_stays_refused_though_it_would_reach_a_live_loopback_shard(
+    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
+) -> None:
+    """``http://0.0.0.0:P`` and ``http://[::]:P`` connect to this host: with a live shard on P and an allowlist of
+    every address (``::/0``), they stay Unhealthy with forbidden_target and never enter the healthy set."""
+    ns = fleet_namespace
+    everything = {"probe_allowed_hosts": '["0.0.0.0/0", "::/0"]'}
+    async with operated_fleet(fleet_crds, ns, tmp_path, operator_processes, count=1, **everything) as (fleet, api, _):
+        port = fleet.shards[0].endpoint.rsplit(":", 1)[1]
+        anys = []
+        for name, host in (("any4", "0.0.0.0"), ("any6", "[::]"), ("mapped", "[::ffff:0.0.0.0]")):
+            anys.append(
+                {
+                    "apiVersion": API,
+                    "kind": "GenerationShard",
+                    "metadata": {"name": name, "labels": {"fleet": "a"}},
+                    "spec": {"endpoint": f"http://{host}:{port}", "model": "sim-model", "probe": PROBE},
+                }
+            )
+        fleet_crds.apply(*anys, namespace=ns)
+        for shard in anys:
+            refused = await wait_for_object(
+                api,
+                "generationshards",
+                ns,
+                shard["metadata"]["name"],
+                lambda o: status_of(o).get("phase") == "Unhealthy",
+            )
+            assert status_of(refused)["lastError"].startswith("forbidden_target:"), status_of(refused)
+        fleet_state = await wait_for_object(
+            api, "rolloutfleets", ns, "a", lambda o: status_of(o).get("totalShards") == 4
+        )
+        assert in_set(fleet_state) == {"shard-0"}

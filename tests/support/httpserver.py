@@ -10,17 +10,17 @@ from aiohttp import web
 
 
 @contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    """Serve ``app`` on a kernel-chosen port of 127.0.0.1; yield its base URL; clean up on exit."""
+async def serve(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve ``app`` on a kernel-chosen port of ``host`` (127.0.0.1, or ``::1``); yield its base URL; clean up."""
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
     server = site._server
     assert server is not None
     port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     finally:
         await runner.cleanup()
 

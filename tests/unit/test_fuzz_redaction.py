@@ -45,6 +45,17 @@ CONTEXTS = [
     "sk-{s}",
     "hf_{s}",
     "ghp_{s}0000000000",
+    # issue 15: credentials in prose, vendor headers, URL paths and queries
+    "Invalid API key: {s}",
+    "Invalid API key provided: {s}",
+    "api key {s}",
+    "password {s}",
+    "password: {s}",
+    "Ocp-Apim-Subscription-Key: {s}",
+    "x-goog-api-key: {s}",
+    "http://shard.example:8000/v1/completions?key={s}",
+    "http://shard.example:8000/v1/completions?x=1&api_key={s}#top",
+    "https://h.example/x?sig={s}",
 ]
 
 
@@ -60,6 +71,28 @@ def test_a_planted_secret_never_survives_redaction(
     redacted = redact_secrets(text)
     assert secret not in redacted.replace(before, "").replace(after, "")
     assert REDACTED in redacted
+
+
+path_secrets = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", min_size=20, max_size=64
+).filter(lambda s: any(c.isdigit() for c in s) and any(c.isalpha() for c in s))  # a key mixes them
+PATH_CONTEXTS = [
+    "http://shard.example:8000/v1/{s}/completions",
+    "https://shard.example/{s}",
+    "http://10.0.0.7:8000/{s}/v1/models?x=1",
+    "http://[fd00::7]:8000/key/{s}#frag",
+]
+
+
+@settings(max_examples=500, deadline=None)
+@given(secret=path_secrets, context=st.sampled_from(PATH_CONTEXTS), before=prose, after=prose, sep=separators)
+def test_a_key_in_a_url_path_never_survives_redaction(
+    secret: str, context: str, before: str, after: str, sep: str
+) -> None:
+    """A path segment of 20+ letters and digits mixed is treated as a key (a model name has dots and dashes)."""
+    TALLY["test_a_key_in_a_url_path_never_survives_redaction"] += 1
+    text = before + sep + context.format(s=secret) + " " + after
+    assert secret not in redact_secrets(text).replace(before, "").replace(after, "")
 
 
 @settings(max_examples=1000, deadline=None)

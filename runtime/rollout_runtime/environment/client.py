@@ -1,6 +1,7 @@
 """The runtime's environment client: run an episode on an environment server, fail in the taxonomy's terms.
 
 - transport failures (refused, reset, cut-off body, client timeout) -> :class:`GymTransportError` (infra);
+- a redirect (3xx) -> :class:`GymTransportError` naming the status and the Location's host: never followed;
 - an episode failure the server calls retryable (admission, episode timeout, a sick dependency) -> infra
   (:class:`RolloutTimeout` for timeouts, else :class:`RolloutInfraFailure`);
 - a terminal episode failure -> :class:`RolloutTerminalDataFailure` (the dispatcher stops at once);
@@ -42,6 +43,7 @@ from rollout_runtime.failures import (
     http_status_is_infra,
     to_picklable_failure,
 )
+from rollout_runtime.redaction import redact_url, redirect_message, safe_message
 
 __all__ = ["EnvironmentClient", "rollout_failure_for_episode", "rollout_failure_for_http_error"]
 
@@ -211,9 +213,15 @@ class EnvironmentClient:
     async def _call(self, method: str, path: str, payload: Any) -> tuple[int, str]:
         url = f"{self.base_url}{path}"
         try:
-            async with self._http().request(method, url, json=payload) as response:
+            async with self._http().request(method, url, json=payload, allow_redirects=False) as response:
+                if 300 <= response.status < 400:  # never followed: the episode request would go to another host
+                    where = f"environment server {redact_url(self.base_url)}"
+                    message = redirect_message(where, response.status, response.headers)
+                    raise GymTransportError(message, status=response.status)
                 return response.status, await response.text()
         except _TRANSPORT_ERRORS as exc:
             raise GymTransportError(
-                f"environment server {self.base_url} failed at the transport layer: {type(exc).__name__}: {exc}"
+                safe_message(
+                    f"environment server {self.base_url} failed at the transport layer: {type(exc).__name__}: {exc}"
+                )
             ) from exc

@@ -28,7 +28,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from rollout_runtime.health.hysteresis import ProbeReason, ProbeResult, ProbeSettings
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy
-from rollout_runtime.redaction import redact_secrets
+from rollout_runtime.redaction import redact_secrets, redirect_message, safe_message
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "MODELS_PATH", "HttpProber", "Prober", "check_model_list"]
 
@@ -59,7 +59,10 @@ class _ForbiddenAddress(OSError):
 
 
 class _PolicyResolver(AbstractResolver):
-    """Resolves names with aiohttp's default resolver, then refuses the name if any address is forbidden.
+    """Resolves names with aiohttp's default resolver, then refuses the name if any address is not permitted.
+
+    Permitted is :meth:`ProbeTargetPolicy.check_resolved` (forbidden ranges, loopback, and the CIDR allowlist);
+    aiohttp connects to exactly the addresses returned here, so there is no second resolution to race.
 
     Refusing (rather than filtering) is deliberate: a name that mixes a metadata address into its answers is
     hostile, and half-trusting it would make the probe outcome depend on address order.
@@ -74,7 +77,7 @@ class _PolicyResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
         for result in results:
-            verdict = self._policy.check_address(result["host"])
+            verdict = self._policy.check_resolved(host, result["host"])
             if not verdict.allowed:
                 raise _ForbiddenAddress(f"{host} resolves to a refused address: {verdict.reason}")
         return results
@@ -193,10 +196,11 @@ class HttpProber:
         async with self._get_session().get(url, allow_redirects=False, timeout=timeout, ssl=self._ssl) as response:
             status = response.status
             if 300 <= status < 400:
-                location = response.headers.get("Location", "")[:200]
-                raise _Failed(ProbeReason.REDIRECT, f"GET {url[:200]} redirected ({status}) to {location!r}", status)
+                where = f"GET {url[:200]}"
+                raise _Failed(ProbeReason.REDIRECT, redirect_message(where, status, response.headers), status)
             if not 200 <= status < 300:
-                raise _Failed(ProbeReason.STATUS, f"GET {url[:200]} answered {status} {response.reason or ''}", status)
+                reason = safe_message(response.reason or "", 200)
+                raise _Failed(ProbeReason.STATUS, f"GET {url[:200]} answered {status} {reason}", status)
             body = await self._read_bounded(response, url)
             return status, body
 

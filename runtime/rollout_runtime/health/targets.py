@@ -9,12 +9,25 @@ cluster. So the policy is an allowlist:
   such as ``10.0.0.0/8``);
 - loopback (``127.0.0.0/8``, ``::1``, ``localhost``) only with ``allow_loopback`` (tests, local mode);
 - link-local and cloud metadata addresses (``169.254.0.0/16`` including ``169.254.169.254``, ``fe80::/10``,
-  ``fd00:ec2::254``, ``100.100.100.200``, ``metadata.google.internal``) and unspecified/multicast addresses are
-  refused always, whatever the allowlist says.
+  ``fd00:ec2::254``, ``100.100.100.200``, ``metadata.google.internal``), unspecified/"any" addresses
+  (``0.0.0.0/8``, ``::``: connecting to them reaches this host) and multicast/broadcast addresses are refused
+  always, whatever the allowlist says (``::/0`` included). IPv6 forms that carry an IPv4 address (mapped
+  ``::ffff:a.b.c.d``, the deprecated compatible ``::a.b.c.d``, 6to4 ``2002:AABB:CCDD::``) are judged as the IPv4
+  address they carry, so ``::ffff:127.0.0.1`` is loopback and ``::ffff:0.0.0.0`` unspecified;
+- a URL whose path or query carries a credential (what :func:`~rollout_runtime.redaction.redact_secrets`
+  recognises) is refused: the endpoint is published in statuses and the healthy set, which must never hold one.
+
+Cluster-service names are allowed only in the target's own namespace when the caller says which namespace that is
+(``check(url, namespace=...)``; the operator always does): a GenerationShard in ``team-a`` may not name
+``x.team-b.svc``; another namespace's Service must be listed in ``allowed_hosts`` explicitly.
 
 Names are checked as written and, at connect time, every address they resolve to is checked again
-(:meth:`ProbeTargetPolicy.check_address`, used by the prober's resolver), so a DNS name cannot smuggle in a
-metadata address.
+(:meth:`ProbeTargetPolicy.check_resolved`, used by the prober's resolver; the connection goes to exactly those
+addresses, so there is no re-resolution gap). The rule for a resolved address: never a forbidden one (above),
+loopback only with ``allow_loopback``, and, when ``allowed_hosts`` has CIDR blocks, a name allowed by a wildcard
+pattern (``*.gpu.internal``: names a tenant may create) must resolve only into one of those blocks (a name allowed
+by pattern must still resolve only to permitted addresses). A host listed exactly (``gpu-3.lab``, what
+:meth:`for_endpoints` lists) and cluster-service names (cluster IPs) are constrained by the forbidden ranges only.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rollout_runtime.redaction import redact_url
+from rollout_runtime.redaction import redact_secrets, redact_url
 
 __all__ = ["ForbiddenProbeTarget", "ProbeTargetPolicy", "TargetVerdict"]
 
@@ -72,10 +85,23 @@ def _ip(host: str) -> IPAddress | None:
         return None
 
 
+_IPV4_COMPATIBLE: Final[ipaddress.IPv6Network] = ipaddress.IPv6Network("::/96")
+
+
 def _mapped(address: IPAddress) -> IPAddress:
-    """IPv4-mapped IPv6 (``::ffff:169.254.169.254``) is judged as the IPv4 address it carries."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+    """An IPv6 address that carries an IPv4 one is judged as that IPv4 address.
+
+    Mapped (``::ffff:169.254.169.254``), deprecated IPv4-compatible (``::127.0.0.1``; ``::`` itself becomes
+    ``0.0.0.0``, but ``::1`` stays the IPv6 loopback) and 6to4 (``2002:7f00:1::``).
+    """
+    if not isinstance(address, ipaddress.IPv6Address):
+        return address
+    if address.ipv4_mapped is not None:
         return address.ipv4_mapped
+    if address in _IPV4_COMPATIBLE and address != ipaddress.IPv6Address("::1"):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.sixtofour is not None:
+        return address.sixtofour
     return address
 
 
@@ -143,6 +169,8 @@ class ProbeTargetPolicy(BaseModel):
         if ip is None:
             return TargetVerdict(allowed=False, reason=f"not an IP address: {address!r}")
         ip = _mapped(ip)
+        if ip.is_unspecified:
+            return TargetVerdict(allowed=False, reason=f"{ip} is an unspecified (any) address")
         for network in _ALWAYS_FORBIDDEN_NETWORKS:
             if ip.version == network.version and ip in network:
                 return TargetVerdict(allowed=False, reason=f"{ip} is a link-local, metadata or non-unicast address")
@@ -150,8 +178,28 @@ class ProbeTargetPolicy(BaseModel):
             return TargetVerdict(allowed=False, reason=f"{ip} is loopback and loopback targets are not allowed")
         return TargetVerdict(allowed=True, reason="address allowed")
 
-    def _allowlisted(self, host: str, ip: IPAddress | None) -> bool:
-        for pattern in self.allowed_hosts:
+    def check_resolved(self, host: str, address: IPAddress | str) -> TargetVerdict:
+        """Judge one address that ``host`` (a name already allowed by :meth:`check`) resolved to, at connect time."""
+        verdict = self.check_address(address)
+        if not verdict.allowed:
+            return verdict
+        parsed = _ip(address) if isinstance(address, str) else address
+        assert parsed is not None  # check_address proved it parses
+        ip = _mapped(parsed)
+        name = host.lower().rstrip(".")
+        if ip.is_loopback or name in _LOOPBACK_NAMES or _ip(name) is not None:
+            return verdict  # loopback was judged above; an IP literal was judged as written
+        if self.allow_cluster_services and self._is_cluster_service(name):
+            return TargetVerdict(allowed=True, reason="cluster service address")
+        if name in self.allowed_hosts:
+            return verdict  # a host the operator named exactly (for_endpoints: the caller's own shards)
+        networks = [pattern for pattern in self.allowed_hosts if "/" in pattern]
+        if networks and not self._allowlisted("", ip, patterns=networks):
+            return TargetVerdict(allowed=False, reason=f"{name} resolves to {ip}, which is not in allowed_hosts")
+        return verdict
+
+    def _allowlisted(self, host: str, ip: IPAddress | None, *, patterns: Iterable[str] | None = None) -> bool:
+        for pattern in self.allowed_hosts if patterns is None else patterns:
             if "/" in pattern:
                 if ip is not None:
                     network = ipaddress.ip_network(pattern, strict=False)
@@ -161,8 +209,36 @@ class ProbeTargetPolicy(BaseModel):
                 return True
         return False
 
-    def check(self, url: str) -> TargetVerdict:
-        """Judge a URL before anything is sent to it."""
+    @staticmethod
+    def _in_namespace(service: str, namespace: str | None) -> TargetVerdict:
+        service_namespace = service.split(".")[1]
+        if namespace is not None and service_namespace != namespace.lower():
+            return TargetVerdict(
+                allowed=False,
+                reason=f"service namespace {service_namespace!r} is not the target's namespace {namespace[:63]!r}",
+            )
+        return TargetVerdict(allowed=True, reason="cluster service")
+
+    def check_endpoint(self, url: str, namespace: str) -> TargetVerdict:
+        """The rules for an endpoint as written in a spec: no credential in it, and a cluster-service URL names a
+        Service in ``namespace`` (others pass here; the probe-time :meth:`check` judges the rest).
+
+        For callers that know the target's namespace when they read its spec (the operator): such an endpoint is
+        an invalid spec, never probed, never published.
+        """
+        if redact_secrets(url) != url:
+            return TargetVerdict(allowed=False, reason="the URL carries a credential (path or query)")
+        try:
+            host = (urlsplit(url).hostname or "").lower()
+        except ValueError:
+            host = ""
+        name = host.rstrip(".")
+        if not self.allow_cluster_services or not self._is_cluster_service(host) or self._allowlisted(name, None):
+            return TargetVerdict(allowed=True, reason="no credential, not a cluster service of another namespace")
+        return self._in_namespace(name, namespace)
+
+    def check(self, url: str, *, namespace: str | None = None) -> TargetVerdict:
+        """Judge a URL before anything is sent to it; ``namespace``: the target's own (its cluster services only)."""
         if len(url) > self.max_url_length:
             return TargetVerdict(allowed=False, reason=f"URL longer than {self.max_url_length} characters")
         try:
@@ -177,6 +253,8 @@ class ProbeTargetPolicy(BaseModel):
             return TargetVerdict(allowed=False, reason="URL has no host")
         if parts.username is not None or parts.password is not None:
             return TargetVerdict(allowed=False, reason="credentials in the URL are not allowed")
+        if redact_secrets(url) != url:
+            return TargetVerdict(allowed=False, reason="the URL carries a credential (path or query)")
         ip = _ip(host)
         if ip is not None:
             verdict = self.check_address(ip)
@@ -194,14 +272,14 @@ class ProbeTargetPolicy(BaseModel):
             if self.allow_loopback:
                 return TargetVerdict(allowed=True, reason="loopback allowed")
             return TargetVerdict(allowed=False, reason=f"{name} is loopback and loopback targets are not allowed")
-        if self.allow_cluster_services and self._is_cluster_service(host):
-            return TargetVerdict(allowed=True, reason="cluster service")
         if self._allowlisted(name, None):
             return TargetVerdict(allowed=True, reason="allowlisted host")
+        if self.allow_cluster_services and self._is_cluster_service(host):
+            return self._in_namespace(name, namespace)
         return TargetVerdict(allowed=False, reason=f"host {name!r} is not a cluster service and not in allowed_hosts")
 
-    def require(self, url: str) -> None:
+    def require(self, url: str, *, namespace: str | None = None) -> None:
         """Raise :class:`ForbiddenProbeTarget` unless the URL is allowed."""
-        verdict = self.check(url)
+        verdict = self.check(url, namespace=namespace)
         if not verdict.allowed:
             raise ForbiddenProbeTarget(f"refusing to probe {redact_url(url[:200])!r}: {verdict.reason}")

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import re
 import uuid
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Final, Self
 
 import aiohttp
 from aiohttp import web
@@ -33,6 +34,7 @@ from rollout_runtime.environment import (
     handled_episode_failure,
     raise_for_dependency_status,
 )
+from rollout_runtime.redaction import safe_message
 from rollout_runtime.sim.shard import arithmetic
 
 __all__ = [
@@ -48,6 +50,8 @@ __all__ = [
 
 _PROBLEM = re.compile(r"^\s*(-?\d{1,9})\s*([+\-*])\s*(-?\d{1,9})\s*$")
 _INTEGER = re.compile(r"-?\d+")
+MAX_REPLY_BYTES: Final[int] = 64 * 1024
+"""Bound on a dependency's reply (the generation server, the tool server) the sim environments read."""
 _DEPENDENCY_TIMEOUT = aiohttp.ClientTimeout(total=30.0, sock_connect=5.0)
 
 
@@ -155,7 +159,8 @@ class ArithmeticVerifier(BaseEnvironmentServer[ArithmeticRequest, ArithmeticResp
         try:
             async with self._http.get().post(url, json=payload) as response:
                 await raise_for_dependency_status(response)
-                body: Any = await response.json(content_type=None)
+                raw = await _read_bounded(response)
+            body: Any = json.loads(raw)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise dependency_episode_failure(exc, stage="generate", name_error_type=True) from exc
         try:
@@ -165,9 +170,25 @@ class ArithmeticVerifier(BaseEnvironmentServer[ArithmeticRequest, ArithmeticResp
             text = None
         if not isinstance(text, str):
             raise handled_episode_failure(
-                "generate", "the generation reply carries no choices[0] text", terminal=True, evidence={"reply": body}
+                "generate",
+                "the generation reply carries no choices[0] text",
+                terminal=True,
+                evidence={"reply": safe_message(raw.decode("utf-8", errors="replace"))},
             )
         return text
+
+
+async def _read_bounded(response: aiohttp.ClientResponse) -> bytes:
+    """A dependency's reply, at most :data:`MAX_REPLY_BYTES`: a larger one is a ``ValueError`` (a failed dependency),
+    never read into memory or echoed back."""
+    if response.content_length is not None and response.content_length > MAX_REPLY_BYTES:
+        raise ValueError(f"the reply is larger than {MAX_REPLY_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in response.content.iter_chunked(16 * 1024):
+        raw += chunk
+        if len(raw) > MAX_REPLY_BYTES:
+            raise ValueError(f"the reply is larger than {MAX_REPLY_BYTES} bytes")
+    return bytes(raw)
 
 
 # -- multi-step, checkpointed ------------------------------------------------------------------------------------
@@ -285,7 +306,8 @@ class MultiStepEnvironment(BaseEnvironmentServer[MultiStepRequest, MultiStepResp
         try:
             async with self._http.get().post(f"{request.tool_url.rstrip('/')}{path}", json=payload) as response:
                 await raise_for_dependency_status(response)
-                return await response.json(content_type=None)
+                raw = await _read_bounded(response)
+            return json.loads(raw)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise dependency_episode_failure(exc, stage=stage, name_error_type=True) from exc
 
