@@ -38,7 +38,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[None]:
         return (yield)
     finally:
         after = _policy_loop(policy)
-        for loop in {after, ours} - {before, None}:
+        # A loop left set by an earlier test that this one unset (asyncio.run() ends with set_event_loop(None)) is
+        # out of everyone's reach now: close it too, or its garbage collection fails a later test.
+        stale = {after, ours} - {before, None}
+        if before is not None and after is not before:
+            stale.add(before)
+        for loop in stale:
             if loop is not None and not loop.is_running() and not loop.is_closed():
                 if _policy_loop(policy) is loop:
                     policy.set_event_loop(None)
