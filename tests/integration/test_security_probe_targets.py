@@ -13,18 +13,17 @@ import asyncio
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 from aiohttp import web
 
 from fleet_operator.engine import FleetEngine
-from fleet_operator.kube import WriteOutcome
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HttpProber, ProbeReason, ProbeSettings, ProbeTargetPolicy
 from rollout_runtime.health.probe import _ForbiddenAddress, _PolicyResolver
 from support.chaos import write_tally
 from support.httpserver import serve
+from support.recording_kube import RecordingKube
 
 PROBE = ProbeSettings(period_seconds=1.0, timeout_seconds=0.9, failure_threshold=1, success_threshold=1)
 OPERATOR_DEFAULT = OperatorSettings(leader_election=False).probe_policy()
@@ -162,21 +161,6 @@ async def test_a_redirect_to_the_metadata_address_is_not_followed(counting_serve
     async with serve(app) as url, HttpProber(ProbeTargetPolicy.local()) as prober:
         result = await prober.probe(url, PROBE)
     assert result.reason is ProbeReason.REDIRECT
-
-
-class RecordingKube:
-    def __init__(self) -> None:
-        self.statuses: dict[str, dict[str, Any]] = {}
-
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> WriteOutcome:
-        self.statuses[name] = status
-        return WriteOutcome.WRITTEN
-
-    async def post_event(self, ref: Any, *, type_: str, reason: str, message: str) -> None:
-        pass
-
-    async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
-        return []
 
 
 async def test_the_operator_never_probes_a_forbidden_shard_and_keeps_it_out_of_the_healthy_set(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -22,7 +21,6 @@ from aiohttp import web
 from aiohttp.abc import ResolveResult
 
 from fleet_operator.engine import FleetEngine
-from fleet_operator.kube import WriteOutcome
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.environment import EnvironmentClient, EnvironmentServerConfig
 from rollout_runtime.failures import GenerationUnavailable, GymTransportError, RolloutInfraFailure
@@ -32,6 +30,7 @@ from rollout_runtime.health.probe import _ForbiddenAddress, _PolicyResolver
 from rollout_runtime.shards import Shard
 from rollout_runtime.sim.environments import MAX_REPLY_BYTES, ArithmeticRequest, ArithmeticVerifier
 from support.httpserver import serve
+from support.recording_kube import RecordingKube
 
 PROBE = ProbeSettings(period_seconds=1.0, timeout_seconds=0.9, failure_threshold=1, success_threshold=1)
 EVERYTHING_BUT_LOOPBACK = ProbeTargetPolicy(allowed_hosts=("*", "0.0.0.0/0", "::/0"), allow_loopback=False)
@@ -189,21 +188,6 @@ def test_a_cluster_service_of_another_namespace_is_refused_when_the_namespace_is
     # an operator that lists another namespace's Service explicitly allows it
     listed = ProbeTargetPolicy(allowed_hosts=("*.shared.svc",))
     assert listed.check_endpoint("http://s.shared.svc:8000", "team-a").allowed
-
-
-class RecordingKube:
-    def __init__(self) -> None:
-        self.statuses: dict[str, dict[str, Any]] = {}
-
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> WriteOutcome:
-        self.statuses[name] = status
-        return WriteOutcome.WRITTEN
-
-    async def post_event(self, ref: Any, *, type_: str, reason: str, message: str) -> None:
-        pass
-
-    async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
-        return []
 
 
 async def test_the_operator_refuses_foreign_namespace_services_unspecified_and_keyed_endpoints(
