@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the external tools the test suite runs for real: kube-apiserver and etcd (built from Go modules, since
 # there is no Docker and no release download here), helm (go install), prometheus + promtool (Debian package,
-# unpacked, no service), a check for kubectl (preinstalled), and the benchmark peers haproxy and nginx (Debian
-# packages, unpacked, no service).
+# unpacked, no service), a check for kubectl (preinstalled), the benchmark peers haproxy and nginx (Debian
+# packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver) and llama.cpp's
+# OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv).
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
 # directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
@@ -12,7 +13,8 @@
 #
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
-#   TOOL   any of kubectl prometheus etcd helm kube-apiserver haproxy nginx (default: all)
+#   TOOL   any of kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server
+#          (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +28,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver haproxy nginx)
+[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -88,16 +90,19 @@ wrapper_module() {
   (cd "$work" && run "$work/tidy.log" go mod tidy)
 }
 
-# --- kube-apiserver -------------------------------------------------------------------------------------------
-build_kube_apiserver() {
-  local dir="$TOOLS/kube-apiserver-$KUBERNETES_VERSION"
-  installed "$dir" && { say "kube-apiserver $KUBERNETES_VERSION: cached"; return; }
+# --- kube-apiserver and kube-controller-manager ----------------------------------------------------------------
+# build_kube_component NAME APP_CONSTRUCTOR: both are upstream mains over k8s.io/kubernetes/cmd/NAME/app, built
+# from published modules and stamped with the version the way upstream's release build does (/version, helm's
+# kubeVersion checks and compatibility-version logic read it).
+build_kube_component() {
+  local name="$1" constructor="$2" dir="$TOOLS/$1-$KUBERNETES_VERSION"
+  installed "$dir" && { say "$name $KUBERNETES_VERSION: cached"; return; }
   local t0=$SECONDS
-  need go "install Go 1.25 or newer: kube-apiserver is built from source"
-  say "kube-apiserver $KUBERNETES_VERSION: building (cold: ~10 min on 2 cores)"
+  need go "install Go 1.25 or newer: $name is built from source"
+  say "$name $KUBERNETES_VERSION: building (cold: ~10 min on 2 cores)"
   rm -rf "$dir"; mkdir -p "$dir/bin"
-  wrapper_module "$dir/src" k8s.io/kubernetes "v$KUBERNETES_VERSION" "v0.${KUBERNETES_VERSION#1.}" <<'GO'
-// Command kube-apiserver: the upstream main (cmd/kube-apiserver/apiserver.go), built from published modules.
+  wrapper_module "$dir/src" k8s.io/kubernetes "v$KUBERNETES_VERSION" "v0.${KUBERNETES_VERSION#1.}" <<GO
+// Command $name: the upstream main (cmd/$name), built from published modules.
 package main
 
 import (
@@ -108,25 +113,23 @@ import (
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
-	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	"k8s.io/kubernetes/cmd/$name/app"
 )
 
 func main() {
-	os.Exit(cli.Run(app.NewAPIServerCommand()))
+	os.Exit(cli.Run(app.$constructor()))
 }
 GO
-  # Stamp the version the way upstream's release build does: /version, helm's kubeVersion checks and
-  # compatibility-version logic read it.
   local major="${KUBERNETES_VERSION%%.*}" minor="${KUBERNETES_VERSION#*.}" ld="-s -w" p
   minor="${minor%%.*}"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $p.gitVersion=v$KUBERNETES_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "$ld" -o "$dir/bin/kube-apiserver" .)
-  "$dir/bin/kube-apiserver" --version | grep -q "v$KUBERNETES_VERSION" || die "built kube-apiserver reports a wrong version"
+  (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "$ld" -o "$dir/bin/$name" .)
+  "$dir/bin/$name" --version | grep -q "v$KUBERNETES_VERSION" || die "built $name reports a wrong version"
   touch "$dir/.complete"
-  say "kube-apiserver $KUBERNETES_VERSION: built in $((SECONDS - t0)) s"
+  say "$name $KUBERNETES_VERSION: built in $((SECONDS - t0)) s"
 }
 
 # --- etcd -----------------------------------------------------------------------------------------------------
@@ -247,6 +250,29 @@ SH
   say "$name $version: unpacked in $((SECONDS - t0)) s"
 }
 
+# --- llama.cpp's OpenAI-compatible server (a real server this project did not write) ----------------------------
+# llama-cpp-python's sdist vendors llama.cpp and builds it with cmake (~20 min cold on 2 cores); it gets its own
+# venv so its dependencies never mix with the project's. `python -m llama_cpp.server` is the server.
+install_llama_server() {
+  local dir="$TOOLS/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION"
+  installed "$dir" && { say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: cached"; return; }
+  local t0=$SECONDS py="${PYTHON:-python3}"
+  need cmake "install cmake (Debian: 'apt-get install cmake'): llama.cpp is built from source"
+  need "${CC:-gcc}" "install a C/C++ compiler (Debian: 'apt-get install build-essential')"
+  say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: building llama.cpp (cold: ~20 min on 2 cores)"
+  rm -rf "$dir"
+  run "$TOOLS/llama-venv.log" "$py" -m venv "$dir"
+  run "$dir/pip.log" "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+  # CPU only, no OpenMP/BLAS probing surprises; -O2 keeps the build within its budget.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    run "$dir/build.log" "$dir/bin/python" -m pip install --disable-pip-version-check --no-binary llama-cpp-python \
+      "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION"
+  "$dir/bin/python" -c "import llama_cpp, llama_cpp.server" || die "llama-cpp-python installed but does not import"
+  touch "$dir/.complete"
+  say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: built in $((SECONDS - t0)) s"
+}
+
 # --- kubectl (preinstalled) -----------------------------------------------------------------------------------
 check_kubectl() {
   local kubectl="${KUBECTL:-$(command -v kubectl || true)}"
@@ -267,10 +293,12 @@ for tool in "${WANT[@]}"; do
     prometheus) locked prometheus install_prometheus ;;
     etcd) locked etcd build_etcd ;;
     helm) locked helm build_helm ;;
-    kube-apiserver) locked kube-apiserver build_kube_apiserver ;;
+    kube-apiserver) locked kube-apiserver build_kube_component kube-apiserver NewAPIServerCommand ;;
+    kube-controller-manager) locked kube-controller-manager build_kube_component kube-controller-manager NewControllerManagerCommand ;;
+    llama-server) locked llama-server install_llama_server ;;
     haproxy) locked haproxy install_deb_daemon haproxy "$HAPROXY_DEB_VERSION" "$HAPROXY_DEB_LIBS" ;;
     nginx) locked nginx install_deb_daemon nginx "$NGINX_DEB_VERSION" "" ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver haproxy nginx)" ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"
