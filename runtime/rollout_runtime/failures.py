@@ -146,22 +146,24 @@ class FailureClass(str, enum.Enum):
 
 
 def http_status_is_infra(status: int) -> bool:
-    """Whether an HTTP status means the endpoint is unwell rather than the request bad.
+    """Whether an HTTP status means the endpoint is unwell rather than the request bad; a bool for every int.
 
     5xx and the retriable 4xx (408, 425, 429) are infrastructure. Any other 4xx describes the request, so
     another shard would answer it identically. A status below 400 surfacing as an error is a protocol
-    mismatch (an unexpected redirect, a 200 with the wrong body), which no other shard fixes either.
+    mismatch (an unexpected redirect, a 200 with the wrong body), which no other shard fixes either. A status
+    outside 100..599 is no HTTP status at all: the endpoint is broken (infra) from 600 up, as upstream's
+    ``status >= 500`` reads it, and below 100 it is a protocol mismatch like the 1xx-3xx ones.
+
+    Raises only for a non-int (a string or float status is a caller's bug, and ``True`` is not a status).
     """
     if isinstance(status, bool) or not isinstance(status, int):
         raise ValueError(f"HTTP status must be an int, got {type(status).__name__}: {status!r}")
-    if not 100 <= status <= 599:
-        raise ValueError(f"HTTP status must be within 100..599, got {status}")
     return status >= 500 or status in _RETRIABLE_HTTP_STATUSES
 
 
-# The infrastructure table. Types are matched with isinstance; names are matched over the MRO as well, so a
-# copy of an aiohttp error re-raised from another module or unpickled elsewhere still classifies. Ray is never
-# imported (it is optional and slow to import): its errors are matched by name within the ``ray`` package.
+# The infrastructure table. Types are matched with isinstance; names are matched over the MRO as well, within the
+# package each name belongs to, so httpx's, openai's and Ray's errors classify without importing them (Ray is
+# optional and slow to import) and a same-named class elsewhere (``tarfile.ReadError``) does not.
 _AIOHTTP_INFRA_TYPES: Final[tuple[type[BaseException], ...]] = (
     aiohttp.ClientConnectionError,  # refused, reset, disconnected, DNS, TLS, ClientOSError (an OSError only)
     aiohttp.ClientPayloadError,  # body cut off mid-response
@@ -174,56 +176,67 @@ _INFRA_TYPES: Final[tuple[type[BaseException], ...]] = (
     RolloutInfraFailure,
     *_AIOHTTP_INFRA_TYPES,
 )
-_INFRA_TYPE_NAMES: Final[frozenset[str]] = frozenset(
-    {
-        # aiohttp
-        "ClientConnectionError",
-        "ClientConnectorError",
-        "ClientOSError",
-        "ClientPayloadError",
-        "ServerConnectionError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",
-        "ConnectionTimeoutError",
-        "SocketTimeoutError",
-        # httpx and the openai client, which many trainers use to reach their engines
-        "ConnectError",
-        "ConnectTimeout",
-        "ReadTimeout",
-        "WriteTimeout",
-        "PoolTimeout",
-        "ReadError",
-        "RemoteProtocolError",
-        "APIConnectionError",
-        "APITimeoutError",
-        # ours, for copies that lost their class identity
-        "RolloutInfraFailure",
-        "RolloutTimeout",
-        "GenerationUnavailable",
-        "NoHealthyShards",
-        "GymTransportError",
-    }
-)
-_RAY_INFRA_TYPE_NAMES: Final[frozenset[str]] = frozenset(
-    {
-        "RayActorError",
-        "ActorDiedError",
-        "ActorUnavailableError",
-        "ActorUnschedulableError",
-        "WorkerCrashedError",
-        "NodeDiedError",
-        "OwnerDiedError",
-        "RpcError",
-        "GetTimeoutError",
-        "ObjectFetchTimedOutError",
-        "OutOfMemoryError",
-        "ObjectStoreFullError",
-        "ObjectLostError",
-        "ObjectReconstructionFailedError",
-        "RaySystemError",
-    }
-)
-_DATA_TYPE_NAMES: Final[frozenset[str]] = frozenset({"RolloutDataFailure", "RolloutTerminalDataFailure"})
+_INFRA_TYPE_NAMES: Final[dict[str, frozenset[str]]] = {
+    # Names are matched only inside the package they belong to: ``tarfile.ReadError`` is not httpx's ReadError.
+    "aiohttp": frozenset(
+        {
+            "ClientConnectionError",
+            "ClientConnectorError",
+            "ClientOSError",
+            "ClientPayloadError",
+            "ServerConnectionError",
+            "ServerDisconnectedError",
+            "ServerTimeoutError",
+            "ConnectionTimeoutError",
+            "SocketTimeoutError",
+        }
+    ),
+    # httpx (and httpcore under it) and the openai client, which many trainers use to reach their engines
+    "httpx": frozenset(
+        {"ConnectError", "ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout", "ReadError", "WriteError"}
+        | {"RemoteProtocolError", "NetworkError", "TimeoutException", "TransportError"}
+    ),
+    "httpcore": frozenset(
+        {"ConnectError", "ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout", "ReadError", "WriteError"}
+        | {"RemoteProtocolError", "NetworkError", "TimeoutException"}
+    ),
+    "openai": frozenset({"APIConnectionError", "APITimeoutError"}),
+    # Ray's table is upstream NeMo-RL's (nemo_rl/experience/failures.py), matched over the MRO as its isinstance
+    # checks are (ActorDiedError is a RayActorError, ObjectReconstructionFailedError an ObjectLostError); those two
+    # subclasses are named as well for a copy whose bases are not Ray's.
+    "ray": frozenset(
+        {
+            "RayActorError",
+            "ActorDiedError",
+            "ObjectReconstructionFailedError",
+            "ActorUnavailableError",
+            "ActorUnschedulableError",
+            "TaskUnschedulableError",
+            "WorkerCrashedError",
+            "NodeDiedError",
+            "LocalRayletDiedError",
+            "OwnerDiedError",
+            "RpcError",
+            "GetTimeoutError",
+            "ObjectFetchTimedOutError",
+            "ObjectLostError",
+            "OutOfMemoryError",
+            "ObjectStoreFullError",
+            "RaySystemError",
+        }
+    ),
+    # ours and upstream NeMo-RL's, for copies that lost their class identity
+    "rollout_runtime": frozenset(
+        {"RolloutInfraFailure", "RolloutTimeout", "GenerationUnavailable", "NoHealthyShards", "GymTransportError"}
+    ),
+    "nemo_rl": frozenset(
+        {"RolloutInfraFailure", "RolloutTimeout", "GenerationUnavailable", "NoHealthyShards", "GymTransportError"}
+    ),
+}
+_DATA_TYPE_NAMES: Final[dict[str, frozenset[str]]] = {
+    package: frozenset({"RolloutDataFailure", "RolloutTerminalDataFailure", "GymTerminalEpisodeFailure"})
+    for package in ("rollout_runtime", "nemo_rl")
+}
 
 
 def _http_status(exc: BaseException) -> int | None:
@@ -239,7 +252,17 @@ def _http_status(exc: BaseException) -> int | None:
     return None
 
 
-_RESPONSE_ERROR_NAMES: Final[frozenset[str]] = frozenset({"ClientResponseError", "HTTPStatusError", "APIStatusError"})
+_RESPONSE_ERROR_NAMES: Final[dict[str, frozenset[str]]] = {
+    "aiohttp": frozenset({"ClientResponseError"}),
+    "httpx": frozenset({"HTTPStatusError"}),
+    "openai": frozenset({"APIStatusError"}),
+}
+
+
+def _named_in(table: dict[str, frozenset[str]], module: str, name: str) -> bool:
+    """Whether ``name`` is one of the names ``table`` lists for the top-level package of ``module``."""
+    names = table.get(module.split(".", 1)[0])
+    return names is not None and name in names
 
 
 class _TypeVerdict(enum.Enum):
@@ -266,16 +289,13 @@ def _verdict_of(cls: type[BaseException]) -> _TypeVerdict:
 
 def _class_verdict(cls: type[BaseException]) -> _TypeVerdict:
     """Classify a class by subclassing and by the names over its MRO (copies keep their names, not identity)."""
-    names = [(c.__module__, c.__name__) for c in cls.__mro__]
-    if issubclass(cls, RolloutDataFailure) or any(name in _DATA_TYPE_NAMES for _, name in names):
+    names = [(str(c.__module__), c.__name__) for c in cls.__mro__]
+    if issubclass(cls, RolloutDataFailure) or any(_named_in(_DATA_TYPE_NAMES, *name) for name in names):
         return _TypeVerdict.DATA
-    if issubclass(cls, _CLIENT_RESPONSE_ERROR) or any(name in _RESPONSE_ERROR_NAMES for _, name in names):
+    if issubclass(cls, _CLIENT_RESPONSE_ERROR) or any(_named_in(_RESPONSE_ERROR_NAMES, *name) for name in names):
         return _TypeVerdict.RESPONSE
-    if issubclass(cls, _INFRA_TYPES):
+    if issubclass(cls, _INFRA_TYPES) or any(_named_in(_INFRA_TYPE_NAMES, *name) for name in names):
         return _TypeVerdict.INFRA
-    for module, name in names:
-        if name in _INFRA_TYPE_NAMES or (name in _RAY_INFRA_TYPE_NAMES and module.split(".", 1)[0] == "ray"):
-            return _TypeVerdict.INFRA
     return _TypeVerdict.UNKNOWN
 
 

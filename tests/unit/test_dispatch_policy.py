@@ -47,6 +47,9 @@ def test_defaults_are_the_documented_ones() -> None:
         ({"max_ejection_percent": 101}, "max_ejection_percent\n  Input should be less than or equal to 100"),
         ({"healthy_wait_seconds": float("inf")}, "healthy_wait_seconds\n  Input should be a finite number"),
         ({"max_retries": 3}, "max_retries\n  Extra inputs are not permitted"),
+        ({"stall_check_seconds": 1e-300}, "stall_check_seconds\n  Input should be greater than or equal to 0.01"),
+        ({"backoff_initial_seconds": 1e9}, "backoff_initial_seconds\n  Input should be less than or equal to 3600"),
+        ({"backoff_max_seconds": 1e9}, "backoff_max_seconds\n  Input should be less than or equal to 3600"),
     ],
 )
 def test_invalid_policies_are_rejected_with_a_clear_message(fields: dict[str, Any], message: str) -> None:
@@ -90,3 +93,30 @@ def test_from_fleet_refuses_unknown_fields_and_bad_values(
     with pytest.raises(error) as caught:
         DispatchPolicy.from_fleet(spec_policy)
     assert message in str(caught.value)
+
+
+def _crd_policy_schema() -> dict[str, Any]:
+    import yaml
+
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "crds" / "rolloutfleet.dev_rolloutfleets.yaml").read_text()
+    )
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return dict(spec["properties"]["policy"]["properties"])
+
+
+@pytest.mark.parametrize(
+    ("field", "camel"),
+    [
+        ("stall_check_seconds", "stallCheckSeconds"),
+        ("backoff_max_seconds", "backoffMaxSeconds"),
+        ("backoff_initial_seconds", "backoffInitialSeconds"),
+    ],
+)
+def test_the_runtime_and_the_crd_share_one_set_of_bounds(field: str, camel: str) -> None:
+    """What the CRD refuses (below its minimum, above its maximum) the runtime policy refuses too: one source."""
+    schema = _crd_policy_schema()[camel]
+    low, high = schema["minimum"], schema["maximum"]
+    for bad in (high * 10, (low / 2) if low > 0 else -1.0):
+        with pytest.raises(ValidationError):
+            DispatchPolicy(**{field: bad, "stall_deadline_seconds": 604_800})

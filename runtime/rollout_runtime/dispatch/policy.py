@@ -81,8 +81,8 @@ class DispatchPolicy(BaseModel):
 
     stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800, allow_inf_nan=False)] = 600.0
     """Rollouts unfinished but nothing committed for this long is a stall."""
-    stall_check_seconds: _PositiveSeconds = 30.0
-    """How often the stall watchdog looks."""
+    stall_check_seconds: Annotated[float, Field(ge=0.01, le=86_400, allow_inf_nan=False)] = 30.0
+    """How often the stall watchdog looks; at least 10 ms, since a check every 1e-300 s is a busy loop."""
     stall_action: Literal["warn", "abort"] = "warn"
     """On a stall: log and count it (warn), or end the run with RolloutStall (abort)."""
 

@@ -43,7 +43,7 @@ def is_retryable_dependency_status(status: int) -> bool:
     """Return whether an HTTP error status from another server is worth another episode attempt.
 
     408, 425, 429 and every 5xx are retried; every other 4xx is terminal. The decision is
-    :func:`rollout_runtime.failures.http_status_is_infra`; a status outside 100..599 is a ``ValueError``.
+    :func:`rollout_runtime.failures.http_status_is_infra`, a bool for every int.
     """
     return http_status_is_infra(status)
 
