@@ -26,6 +26,7 @@ from rollout_runtime.dispatch import (
 from rollout_runtime.failures import (
     GenerationUnavailable,
     GymTransportError,
+    NoHealthyShards,
     RolloutDataFailure,
     RolloutRedispatchExhausted,
     RolloutStall,
@@ -306,15 +307,18 @@ async def test_waits_for_a_healthy_shard_then_dispatches() -> None:
 
 
 @pytest.mark.looptime
-async def test_no_healthy_shard_within_the_wait_is_an_infra_failure_that_exhausts_the_run() -> None:
+async def test_no_healthy_shard_within_the_wait_ends_the_run_at_once() -> None:
+    """One healthy wait, not the infra budget of every prompt: the run fails with one NoHealthyShards attempt."""
     policy = DispatchPolicy(healthy_wait_seconds=5, max_infra_attempts=2, backoff_initial_seconds=1)
     async with Dispatcher(ControlledSource([]), policy) as dispatcher:
-        run = dispatcher.run(["p"], echo_rollout())
+        run = dispatcher.run(["p", "q", "r"], echo_rollout())
         outcomes, error = await collect_until_error(run)
     assert outcomes == []
     assert isinstance(error, RolloutRedispatchExhausted)
-    assert "NoHealthyShards" in str(error)
-    assert value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="NoHealthyShards") == 2
+    assert isinstance(error.__cause__, NoHealthyShards)
+    assert "no routable shard for 5s" in str(error)
+    assert value(dispatcher, "rollout_failures_total", failure_class="infra", failure_type="NoHealthyShards") == 1
+    assert (run.stats.aborted, run.stats.submitted) == (3, 3)
 
 
 @pytest.mark.looptime

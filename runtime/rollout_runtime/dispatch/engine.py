@@ -22,8 +22,10 @@ hysteresis rate-limits. Separately, an infra failure on a shard ejects it passiv
 
 Ends: every prompt is handed out exactly once as :class:`Completed`, :class:`DataFailed` or :class:`Skipped`,
 or is counted ``aborted`` in :class:`RunStats` when the run raises (RolloutRedispatchExhausted, RolloutStall
-with ``stall_action="abort"``) or is closed early. Every task the dispatcher starts is cancelled and awaited
-when its run or the dispatcher closes.
+with ``stall_action="abort"``, a KeyboardInterrupt or SystemExit from a rollout) or is closed early. Anything else
+a rollout raises, BaseExceptions and its own CancelledError included, ends that attempt in the taxonomy. Leaving the
+``async for`` early closes the run: attempts in flight are cancelled and outcomes queued but not delivered count as
+aborted. Every task the dispatcher starts is cancelled and awaited when its run or the dispatcher closes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import collections
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
@@ -147,6 +149,13 @@ class _RunFailed:
 
 
 AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled"]
+
+_INITIAL_WORKERS = 64
+"""Workers a run starts with; each attempt that reaches a shard starts one more, up to the concurrency limit. With no
+shard to run on, a run of any size holds this many, not one per prompt."""
+
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+"""Not an attempt's failure: the run ends with them (every prompt accounted for) and the consumer sees them."""
 
 
 class _Accounts:
@@ -306,11 +315,13 @@ class DispatchRun(Generic[P, R]):
         self.ready: asyncio.Queue[_PromptState | None] = _ReadyQueue()
         self.outcomes: asyncio.Queue[Outcome[P, R] | _End | _RunFailed] = asyncio.Queue()
         self.workers: list[asyncio.Task[None]] = []
+        self.worker_limit = 0
         self.watchdog_task: asyncio.Task[None] | None = None
         self.timers: set[asyncio.TimerHandle] = set()
         self.error: BaseException | None = None
         self.started = False
         self.closed = False
+        self._stopped = asyncio.Event()
         self._delivered = False
 
     @property
@@ -321,8 +332,21 @@ class DispatchRun(Generic[P, R]):
         """Prompts that had no outcome when the run raised or was closed early."""
         return [s.prompt_id for s in self.states if not s.done]
 
-    def __aiter__(self) -> DispatchRun[P, R]:
-        return self
+    def __aiter__(self) -> AsyncIterator[Outcome[P, R]]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[Outcome[P, R]]:
+        """The outcomes; leaving early (``break``, a cancelled or failing consumer) closes the run, so attempts in
+        flight are cancelled and undelivered outcomes count as aborted, without ``aclose()`` by hand."""
+        try:
+            while True:
+                try:
+                    item = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            await self.aclose()
 
     async def __anext__(self) -> Outcome[P, R]:
         if self._delivered:
@@ -357,12 +381,11 @@ class DispatchRun(Generic[P, R]):
             self.ready.put_nowait(state)
         self.accounts.run_started()
         dispatcher, policy = self._dispatcher, self._dispatcher.policy
-        workers = len(self.states)
+        self.worker_limit = len(self.states)
         if policy.max_concurrency is not None:
-            workers = min(workers, policy.max_concurrency)
-        self.workers = [
-            asyncio.create_task(dispatcher._worker(self), name=f"rollout-dispatch-worker-{i}") for i in range(workers)
-        ]
+            self.worker_limit = min(self.worker_limit, policy.max_concurrency)
+        for _ in range(min(self.worker_limit, _INITIAL_WORKERS)):
+            self._spawn_worker()
         clock = dispatcher._now
         watchdog = StallWatchdog(policy.stall_deadline_seconds, policy.stall_action, now=clock())
         self.accounts.watchdog = watchdog
@@ -376,6 +399,15 @@ class DispatchRun(Generic[P, R]):
             ),
             name="rollout-dispatch-watchdog",
         )
+
+    def _spawn_worker(self) -> None:
+        name = f"rollout-dispatch-worker-{len(self.workers)}"
+        self.workers.append(asyncio.create_task(self._dispatcher._worker(self), name=name))
+
+    def grow(self) -> None:
+        """An attempt reached a shard: start one more worker while prompts wait and the concurrency limit allows."""
+        if self.active and len(self.workers) < self.worker_limit and not self.ready.empty():
+            self._spawn_worker()
 
     def finish(self, state: _PromptState, outcome: Outcome[P, R]) -> None:
         """Hand out the prompt's one outcome (counted first); after the last one, end the run."""
@@ -416,6 +448,7 @@ class DispatchRun(Generic[P, R]):
         if self.closed:
             return
         self.closed = True
+        self._abort_undelivered()
         unfinished = self.stats.unfinished
         self.stats.aborted += unfinished
         if self.error is None and unfinished:
@@ -424,6 +457,33 @@ class DispatchRun(Generic[P, R]):
         stopped = self._stop_tasks()
         await asyncio.gather(*stopped, return_exceptions=True)
         self._dispatcher._runs.discard(self)
+        self._stopped.set()
+
+    async def wait_closed(self) -> None:
+        """Wait until the run has stopped every task it started (after its end, ``aclose()``, or a consumer that
+        left the ``async for`` early, which closes it on the loop's next turns)."""
+        await self._stopped.wait()
+
+    def _abort_undelivered(self) -> None:
+        """Outcomes queued but never handed to the consumer are aborted, not completed: nobody received them."""
+        undelivered: list[Outcome[P, R]] = []
+        markers: list[_End | _RunFailed] = []
+        while not self.outcomes.empty():
+            item = self.outcomes.get_nowait()
+            (markers if isinstance(item, _End | _RunFailed) else undelivered).append(item)  # type: ignore[arg-type]
+        if undelivered:
+            states = {state.prompt_id: state for state in self.states}
+            stats = self.stats
+            for outcome in undelivered:
+                if isinstance(outcome, Completed):
+                    stats.completed -= 1
+                elif isinstance(outcome, DataFailed):
+                    stats.data_failed -= 1
+                else:
+                    stats.skipped -= 1
+                states[outcome.prompt_id].done = False
+        for marker in markers:
+            self.outcomes.put_nowait(marker)
 
     def _stop_tasks(self) -> list[asyncio.Task[None]]:
         """Cancel the timers and every task of this run but the calling one; return the tasks cancelled."""
@@ -599,9 +659,13 @@ class Dispatcher:
                 if state is None or not run.active:
                     return
                 await self._attempt(run, state)
+        except asyncio.CancelledError:
+            raise
         except (RolloutRedispatchExhausted, RolloutStall) as exc:  # raised by the rollout itself: run-terminal
             run.fail(exc)
-        except Exception as exc:  # a bug in an observer, the ledger's disk...: the run ends loudly
+        except _INTERRUPTS as exc:  # Ctrl-C or sys.exit() inside a rollout: every prompt is accounted, then it ends
+            run.fail(exc)
+        except BaseException as exc:  # a bug in an observer, the ledger's disk...: the run ends loudly
             log.exception("dispatcher worker failed")
             run.fail(exc)
 
@@ -630,9 +694,9 @@ class Dispatcher:
             if not run.active:
                 return
             if slot is None:
-                waited = self.policy.healthy_wait_seconds
-                self._failed(run, state, None, NoHealthyShards(f"no routable shard within {waited:g}s"), None)
+                self._no_shard(run, state)
                 return
+        run.grow()
         task = asyncio.current_task()
         assert task is not None
         record = _Attempt(task, task.cancelling())
@@ -656,20 +720,25 @@ class Dispatcher:
                 else:
                     async with asyncio.timeout(timeout) as deadline:
                         result = await run.rollout(slot.shard, state.prompt)
-            except asyncio.CancelledError:
-                if record.evicted and task.uncancel() <= record.cancelling:
+            except asyncio.CancelledError as exc:
+                if task.cancelling() <= record.cancelling:
+                    failure = exc  # raised by the rollout itself (an inner task's cancellation), not by us: a failure
+                elif record.evicted and task.uncancel() <= record.cancelling:
                     evicted = True
                 else:
                     accounts.attempt_abandoned()
                     raise
             except (RolloutRedispatchExhausted, RolloutStall):
                 raise
+            except _INTERRUPTS:
+                accounts.attempt_abandoned()
+                raise
             except TimeoutError as exc:
                 failure = exc
                 if deadline is not None and deadline.expired():
                     failure = RolloutTimeout(f"attempt exceeded {timeout:g}s on shard {slot.name}")
                     failure.__cause__ = exc
-            except Exception as exc:
+            except BaseException as exc:  # GeneratorExit, a library's own BaseException: this attempt failed
                 failure = exc
             else:
                 if record.evicted:
@@ -724,6 +793,19 @@ class Dispatcher:
             self._exhausted(run, state, exc, diagnosis)
         else:
             run.requeue(state, decision.delay_seconds)
+
+    def _no_shard(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
+        """No routable shard for a whole healthy wait: the run ends now, whatever the budgets, instead of charging
+        every prompt its infra budget against an empty fleet (memory and time that grow with the prompt count)."""
+        waited = self.policy.healthy_wait_seconds
+        cause = NoHealthyShards(f"no routable shard within {waited:g}s")
+        run.accounts.attempt_ended("infra_failure", state.prompt_id, None, None, diagnose(cause))
+        error = RolloutRedispatchExhausted(
+            f"no routable shard for {waited:g}s (healthy_wait_seconds): the fleet has no healthy shard to run on"
+        )
+        error.__cause__ = cause
+        log.error("%s", error)
+        run.fail(error)
 
     def _data_failed(self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis) -> None:
         cls, kind, reason = diagnosis.failure_class, diagnosis.failure_type, diagnosis.reason
