@@ -12,10 +12,11 @@ The tree::
      |    +-- RolloutDataFailure         the prompt itself cannot succeed -> small budget, reported loudly
      |         +-- RolloutTerminalDataFailure   ... and must not be retried even once
      +-- RuntimeError
-          +-- RolloutRedispatchExhausted a prompt used up its infra budget: the run ends
+          +-- RolloutRedispatchExhausted a prompt used up its infra budget (or no shard at all): the run ends
           +-- RolloutStall               in flight, yet nothing committed within the watchdog deadline
+          +-- RolloutFleetMisconfigured  every shard answers most prompts the same way (401, wrong model): the run ends
 
-The last two are terminal for the *run*, not for one attempt, which is why they are not RolloutFailures:
+The last three are terminal for the *run*, not for one attempt, which is why they are not RolloutFailures:
 the per-attempt retry loop catches RolloutFailure and must never swallow them.
 
 :func:`classify_rollout_failure` maps any exception onto :class:`FailureClass`. Anything it does not
@@ -48,6 +49,7 @@ from typing import Any, Final, TypeVar, cast
 
 import aiohttp
 
+from rollout_runtime import http_verdicts
 from rollout_runtime.redaction import MAX_MESSAGE_CHARS, safe_message
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "NoHealthyShards",
     "RolloutDataFailure",
     "RolloutFailure",
+    "RolloutFleetMisconfigured",
     "RolloutInfraFailure",
     "RolloutRedispatchExhausted",
     "RolloutStall",
@@ -89,14 +92,23 @@ _RETRIABLE_HTTP_STATUSES: Final[frozenset[int]] = frozenset({408, 425, 429})
 class RolloutFailure(Exception):
     """Base class for failures that terminate a single rollout attempt.
 
-    ``status`` is the HTTP status behind the failure, if any; ``original_type`` names the exception this
-    one was converted from at a process boundary (see :func:`to_picklable_failure`).
+    ``status`` is the HTTP status behind the failure, if any; ``retry_after`` the seconds its Retry-After asked
+    for; ``original_type`` names the exception this one was converted from at a process boundary (see
+    :func:`to_picklable_failure`).
     """
 
-    def __init__(self, message: str = "", *, status: int | None = None, original_type: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        status: int | None = None,
+        original_type: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.original_type = original_type
+        self.retry_after = retry_after
 
 
 class RolloutInfraFailure(RolloutFailure):
@@ -136,6 +148,11 @@ class RolloutRedispatchExhausted(RuntimeError):
 
 class RolloutStall(RuntimeError):
     """Rollouts are in flight but none has committed within the watchdog deadline."""
+
+
+class RolloutFleetMisconfigured(RuntimeError):
+    """Every shard gives most prompts the same failure (a rotated API key, the wrong model): terminal for the run,
+    with a message that names the answer and what to check."""
 
 
 class FailureClass(str, enum.Enum):
@@ -225,17 +242,13 @@ _INFRA_TYPE_NAMES: Final[dict[str, frozenset[str]]] = {
             "RaySystemError",
         }
     ),
-    # ours and upstream NeMo-RL's, for copies that lost their class identity
-    "rollout_runtime": frozenset(
-        {"RolloutInfraFailure", "RolloutTimeout", "GenerationUnavailable", "NoHealthyShards", "GymTransportError"}
-    ),
-    "nemo_rl": frozenset(
+    # the taxonomy's own names, in any module: copies that lost their class identity, upstream NeMo-RL's classes
+    "*": frozenset(
         {"RolloutInfraFailure", "RolloutTimeout", "GenerationUnavailable", "NoHealthyShards", "GymTransportError"}
     ),
 }
 _DATA_TYPE_NAMES: Final[dict[str, frozenset[str]]] = {
-    package: frozenset({"RolloutDataFailure", "RolloutTerminalDataFailure", "GymTerminalEpisodeFailure"})
-    for package in ("rollout_runtime", "nemo_rl")
+    "*": frozenset({"RolloutDataFailure", "RolloutTerminalDataFailure", "GymTerminalEpisodeFailure"})
 }
 
 
@@ -260,9 +273,10 @@ _RESPONSE_ERROR_NAMES: Final[dict[str, frozenset[str]]] = {
 
 
 def _named_in(table: dict[str, frozenset[str]], module: str, name: str) -> bool:
-    """Whether ``name`` is one of the names ``table`` lists for the top-level package of ``module``."""
+    """Whether ``name`` is one of the names ``table`` lists for the top-level package of ``module`` (or for any
+    module, ``"*"``: the taxonomy's own names, which no other library uses)."""
     names = table.get(module.split(".", 1)[0])
-    return names is not None and name in names
+    return (names is not None and name in names) or name in table.get("*", ())
 
 
 class _TypeVerdict(enum.Enum):
@@ -309,9 +323,42 @@ def _is_infra(exc: BaseException) -> bool:
     if verdict is _TypeVerdict.RESPONSE:
         status = _http_status(exc)
         if status is not None:
-            return http_status_is_infra(status)
+            return http_verdicts.status_is_infra(status, response_message(exc))
         return issubclass(type(exc), _INFRA_TYPES)
     return verdict is _TypeVerdict.INFRA
+
+
+def response_message(exc: BaseException) -> str:
+    """The server's own words in an HTTP error, whichever client raised it: openai's ``body``/``message``, httpx's
+    response text, aiohttp's reason; never raises."""
+    try:
+        body = getattr(exc, "body", None)
+        if isinstance(body, dict):
+            return http_verdicts.server_message(_json_bytes(body))
+        response = getattr(exc, "response", None)
+        text = getattr(response, "text", None) if response is not None else None
+        if isinstance(text, str) and text:
+            return http_verdicts.server_message(text.encode())
+        return exception_text(exc)
+    except Exception:
+        return ""
+
+
+def _json_bytes(value: object) -> bytes:
+    import json
+
+    return json.dumps(value).encode()
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds a Retry-After asked for: ours carry it, foreign response errors in their (response's) headers."""
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    headers = getattr(exc, "headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    return http_verdicts.retry_after_seconds(headers) if headers is not None else None
 
 
 def _admit(node: BaseException, seen: set[int]) -> bool:
@@ -427,6 +474,16 @@ class Diagnosis:
     """A :class:`RolloutTerminalDataFailure` is in it: do not retry, not even once."""
     reason: str
     """The message with the causes that explain it (vLLM's 400 body lands here), redacted and bounded."""
+    status: int | None = None
+    """The HTTP status a shard answered with, if the failure carries one: the shard is alive and answered, which is
+    the evidence blame weighs (``dispatch/blame.py``)."""
+    retry_after: float | None = None
+    """Seconds the answer's Retry-After asked for, if any."""
+
+    @property
+    def backpressure(self) -> bool:
+        """429, or 503 with a Retry-After: the shard is busy, not broken."""
+        return self.failure_class is FailureClass.INFRA and http_verdicts.is_backpressure(self.status, self.retry_after)
 
 
 def diagnose(exc: BaseException) -> Diagnosis:
@@ -437,12 +494,24 @@ def diagnose(exc: BaseException) -> Diagnosis:
     """
     trace = _walk(exc)
     failure_class = trace.failure_class
+    status: int | None = None
+    retry_after: float | None = None
+    try:
+        for link in trace.chain:
+            status = _http_status(link)
+            if status is not None:
+                retry_after = _retry_after(link)
+                break
+    except Exception:
+        status = retry_after = None
     return Diagnosis(
         failure_class=failure_class,
         failure_type=failure_type(exc),
         blames_shard=failure_class is FailureClass.INFRA and not trace.contains(_SPARE_THE_SHARD),
         terminal=trace.contains(RolloutTerminalDataFailure),
         reason=safe_message(_describe(exc, trace.chain, name_head=True)),
+        status=status,
+        retry_after=retry_after,
     )
 
 
@@ -519,18 +588,20 @@ def to_picklable_failure(exc: BaseException) -> BaseException:
     the cause chain (which pickling would otherwise drop). The run-terminal errors
     (:class:`RolloutRedispatchExhausted`, :class:`RolloutStall`) pass through unchanged.
     """
-    if isinstance(exc, RolloutRedispatchExhausted | RolloutStall):
+    if isinstance(exc, RolloutRedispatchExhausted | RolloutStall | RolloutFleetMisconfigured):
         return exc
     if _is_ours(exc) and exc.__cause__ is None and len(exception_text(exc)) <= MAX_MESSAGE_CHARS:
         return exc  # already a plain, picklable taxonomy member: converting again would only re-wrap its text
     try:
         trace = _walk(exc)
-        status = next((s for s in map(_http_status, trace.chain) if s is not None), None)
+        carrier = next((link for link in trace.chain if _http_status(link) is not None), None)
+        status = _http_status(carrier) if carrier is not None else None
+        retry_after = _retry_after(carrier) if carrier is not None else None
         original = getattr(exc, "original_type", None) if isinstance(exc, RolloutFailure) else None
         original_type = original if isinstance(original, str) else f"{type(exc).__module__}.{type(exc).__qualname__}"
         message = safe_message(_describe(exc, trace.chain, name_head=not _is_ours(exc)))  # ours names itself
         target = _converted_type(exc, trace)
-        return target(message, status=status, original_type=original_type)
+        return target(message, status=status, original_type=original_type, retry_after=retry_after)
     except Exception:
         return RolloutDataFailure(f"unconvertible {type(exc).__name__}", original_type=type(exc).__name__)
 

@@ -4,14 +4,15 @@ What a failure means decides what the dispatcher does with it, so the mapping is
 
 - cannot connect, connection dropped, response cut off -> :class:`GenerationUnavailable` (infra);
 - no answer within the deadline -> :class:`RolloutTimeout` (infra);
-- an HTTP error status -> :func:`http_status_is_infra` decides (5xx, 408, 425, 429: GenerationUnavailable with the
-  status; any other 4xx: :class:`RolloutDataFailure` with the server's own message, bounded), with one exception:
-  vLLM's 404 "The model `x` does not exist." says the *shard* serves the wrong model, which another shard fixes, so
-  it is GenerationUnavailable;
+- an HTTP error status -> :mod:`rollout_runtime.http_verdicts` decides, as it does for every other client (5xx,
+  408, 425, 429, 401, 403, 407 and vLLM's 404 "The model `x` does not exist.": GenerationUnavailable with the
+  status and any Retry-After; any other 4xx: :class:`RolloutDataFailure` with the server's own message, bounded);
 - a redirect (3xx) -> GenerationUnavailable naming the status and the Location's host: redirects are never
   followed, since the prompt and the trainer's API-key header would go to a host that is not a shard;
-- a 200 whose body is not a completion -> RolloutDataFailure (the server answered; retrying elsewhere would not
-  change the protocol), except a body larger than the bound, which is GenerationUnavailable.
+- a 200 whose body is not a completion (invalid JSON, an HTML page, ``choices: []``, an error object) ->
+  GenerationUnavailable with status 200 (:func:`~rollout_runtime.http_verdicts.completion_problem` says why): a sane
+  shard answers a completion; blame re-reads it as the prompt's when it follows one prompt across shards;
+- a body larger than the bound -> GenerationUnavailable.
 
 A prompt longer than ``max_model_len`` arrives as vLLM's 400 ("This model's maximum context length is N tokens...")
 and becomes a RolloutDataFailure carrying that message, so the ledger says exactly why.
@@ -21,19 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
 
+from rollout_runtime import http_verdicts
 from rollout_runtime.failures import (
     MAX_MESSAGE_CHARS,
     GenerationUnavailable,
     RolloutDataFailure,
     RolloutTimeout,
-    http_status_is_infra,
 )
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
 from rollout_runtime.shards.model import Shard
@@ -41,7 +41,6 @@ from rollout_runtime.shards.model import Shard
 __all__ = ["Completion", "GenerationClient"]
 
 DEFAULT_MAX_RESPONSE_BYTES: Final[int] = 8 * 1024 * 1024
-_MODEL_MISSING: Final[re.Pattern[str]] = re.compile(r"The model `.*` does not exist")
 
 
 @dataclass(frozen=True)
@@ -57,21 +56,7 @@ class Completion:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
-def _server_message(body: bytes) -> str:
-    """The error message from an OpenAI/vLLM error body (``message`` or ``error.message``), else the raw text."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):
-        return body.decode("utf-8", errors="replace").strip()
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        for holder in (payload, error if isinstance(error, dict) else {}):
-            message = holder.get("message")
-            if isinstance(message, str):
-                return message
-        if isinstance(error, str):
-            return error
-    return body.decode("utf-8", errors="replace").strip()
+_server_message = http_verdicts.server_message
 
 
 class GenerationClient:
@@ -166,6 +151,7 @@ class GenerationClient:
                     if 300 <= status < 400:  # never followed: the prompt and the API key would go there
                         raise GenerationUnavailable(redirect_message(where, status, response.headers), status=status)
                     body = await self._read_bounded(response, where)
+                    headers = response.headers
         except TimeoutError as exc:
             raise RolloutTimeout(f"{where} did not answer within {self.timeout_seconds:g} s") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
@@ -174,7 +160,7 @@ class GenerationClient:
             message = safe_message(f"{where}: invalid HTTP response: {exc.message}")
             raise GenerationUnavailable(message, status=exc.status) from exc
         if status >= 400 or status < 200:
-            self._raise_for_status(status, body, where)
+            self._raise_for_status(status, body, where, headers)
         return body
 
     async def _read_bounded(self, response: aiohttp.ClientResponse, where: str) -> bytes:
@@ -190,21 +176,22 @@ class GenerationClient:
         return bytes(buffer)
 
     @staticmethod
-    def _raise_for_status(status: int, body: bytes, where: str) -> None:
+    def _raise_for_status(status: int, body: bytes, where: str, headers: Mapping[str, str] | None = None) -> None:
         message = safe_message(_server_message(body[: MAX_MESSAGE_CHARS * 4]) or f"HTTP {status}")
         if status < 200:
             raise RolloutDataFailure(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)
-        if http_status_is_infra(status):
-            raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}: {message}"), status=status)
-        if status == 404 and _MODEL_MISSING.search(message):
-            raise GenerationUnavailable(safe_message(f"{where} does not serve the model: {message}"), status=status)
-        raise RolloutDataFailure(message, status=status)
+        found = http_verdicts.verdict(status, message, http_verdicts.retry_after_seconds(headers))
+        failure = http_verdicts.failure_for(found, where)
+        raise type(failure)(safe_message(str(failure)), status=failure.status, retry_after=failure.retry_after)
 
     @staticmethod
     def _parse(shard: Shard, body: bytes, *, chat: bool) -> Completion:
         where = f"shard {shard.name}"
         try:
             payload = json.loads(body)
+            problem = http_verdicts.completion_problem(payload, chat=chat)
+            if problem is not None:
+                raise ValueError(problem)
             choice = payload["choices"][0]
             text = choice["message"]["content"] if chat else choice["text"]
             if not isinstance(text, str):
@@ -221,7 +208,6 @@ class GenerationClient:
                 raw=payload,
             )
         except (ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
-            raise RolloutDataFailure(
-                safe_message(f"{where} returned 200 with a body that is not a completion: {type(exc).__name__}: {exc}"),
-                status=200,
-            ) from exc
+            found = http_verdicts.not_a_completion(200, f"{type(exc).__name__}: {exc}")
+            failure = http_verdicts.failure_for(found, where)
+            raise GenerationUnavailable(safe_message(str(failure)), status=200) from exc

@@ -79,7 +79,19 @@ async def test_retriable_statuses_are_generation_unavailable(client: GenerationC
     assert (await client.complete(sim, "hi")).text == "hi"
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 422])
+@pytest.mark.parametrize("status", [401, 403, 407])
+async def test_credential_statuses_are_the_shards_not_the_prompts(
+    client: GenerationClient, sim: Shard, status: int
+) -> None:
+    """A rejected key says nothing about the prompt: infra, so blame can eject the shard or end a misconfigured run."""
+    await set_faults(sim, fail_next=1, error_status=status)
+    with pytest.raises(GenerationUnavailable) as caught:
+        await client.complete(sim, "hi")
+    assert caught.value.status == status
+    assert f"HTTP {status}" in str(caught.value)
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
 async def test_other_client_errors_are_data_failures(client: GenerationClient, sim: Shard, status: int) -> None:
     await set_faults(sim, fail_next=1, error_status=status)
     with pytest.raises(RolloutDataFailure) as caught:
@@ -120,14 +132,25 @@ async def test_response_cut_off_mid_body_is_generation_unavailable(client: Gener
 
 
 @pytest.mark.parametrize(
-    "body", [b"not json", b"{}", b'{"choices": []}', b'{"choices": [{"text": 5}]}', b'{"choices": [null]}']
+    "body",
+    [
+        b"not json",
+        b"<html><body>Sign in to continue</body></html>",
+        b"{}",
+        b'{"choices": []}',
+        b'{"choices": [{"text": 5}]}',
+        b'{"choices": [null]}',
+        b'{"error": {"message": "internal error", "type": "server_error"}}',
+    ],
 )
-async def test_malformed_success_body_is_a_data_failure(client: GenerationClient, body: bytes) -> None:
+async def test_malformed_success_body_is_the_shards_failure(client: GenerationClient, body: bytes) -> None:
+    """A 200 that is not a completion is infra (status 200): blame re-reads it as the prompt's only on evidence."""
+
     async def malformed(request: web.Request) -> web.StreamResponse:
         return web.Response(body=body, content_type="application/json")
 
     async with serve(raw_server(malformed)) as url:
-        with pytest.raises(RolloutDataFailure, match="not a completion") as caught:
+        with pytest.raises(GenerationUnavailable, match="not a completion") as caught:
             await client.complete(Shard(name="odd", endpoint=url), "hi")
     assert caught.value.status == 200
 

@@ -513,6 +513,7 @@ def test_diagnosis_of_an_upstream_5xx_blames_the_shard_and_names_the_cause() -> 
         blames_shard=True,
         terminal=False,
         reason="RuntimeError: turn 3 failed <- ClientResponseError: HTTP 503: Service Unavailable",
+        status=503,
     )
 
 

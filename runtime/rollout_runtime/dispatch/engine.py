@@ -42,7 +42,15 @@ from typing import Any, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from rollout_runtime.dispatch.budget import DataFailedDecision, ExhaustedDecision, PromptBudget, decide
+from rollout_runtime.dispatch import blame
+from rollout_runtime.dispatch.budget import (
+    DataFailedDecision,
+    ExhaustedDecision,
+    PromptBudget,
+    RetryDecision,
+    backoff_seconds,
+    decide,
+)
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
@@ -62,11 +70,13 @@ from rollout_runtime.dispatch.outcomes import (
 )
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
+from rollout_runtime.dispatch.share import Shares
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
 from rollout_runtime.failures import (
     Diagnosis,
     FailureClass,
     NoHealthyShards,
+    RolloutFleetMisconfigured,
     RolloutRedispatchExhausted,
     RolloutStall,
     RolloutTimeout,
@@ -105,6 +115,9 @@ class _PromptState:
     tried: list[str] = field(default_factory=list)
     last_failed: str | None = None
     done: bool = False
+    data_charges: list[tuple[str, blame.Signature]] = field(default_factory=list)
+    """Data failures that carried an HTTP status, by shard and signature: one from a shard later judged sick no
+    longer counts against the prompt."""
 
 
 class _ReadyQueue(asyncio.Queue["_PromptState | None"]):
@@ -546,6 +559,8 @@ class Dispatcher:
         self._ejections = EjectionTracker(
             self.policy.ejection_base_seconds, self.policy.ejection_max_seconds, self.policy.max_ejection_percent
         )
+        self._evidence = blame.Evidence()
+        self._shares = Shares()
         self._slots: dict[str, _Slot] = {}
         self._routable: list[_Slot] = []
         self._panic = False
@@ -759,6 +774,8 @@ class Dispatcher:
             self._failed(run, state, slot, failure, seconds)
         else:
             accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
+            self._evidence.succeeded(slot.name, state.prompt_id)
+            slot.weight = slot.shard.weight * self._shares.served(slot.name)
             if self._completions is not None:
                 self._completions.attempt_succeeded(slot.name)
             attempts = state.budget.attempts + 1
@@ -773,26 +790,89 @@ class Dispatcher:
         seconds: float | None,
     ) -> None:
         diagnosis = diagnose(exc)
+        sig = blame.signature(diagnosis, slot.name, slot.shard.endpoint) if slot is not None else None
+        verdict = blame.Verdict(blame.Blame.FIRST_VERDICT)
+        if slot is not None and sig is not None:
+            verdict = blame.judge(
+                self._evidence,
+                prompt=state.prompt_id,
+                shard=slot.name,
+                sig=sig,
+                diagnosis=diagnosis,
+                healthy=self._slots,
+            )
+        kind = verdict.blame
+        failure_class = FailureClass.DATA if kind is blame.Blame.POISON else diagnosis.failure_class
+        if kind is blame.Blame.SICK_SHARD:
+            failure_class = FailureClass.INFRA
         outcome: AttemptOutcome
-        if diagnosis.failure_class is FailureClass.INFRA:
+        if kind is blame.Blame.BACKPRESSURE:
+            outcome = "infra_failure"
+            state.budget.evictions += 1  # busy, not broken: charged to neither budget
+        elif failure_class is FailureClass.INFRA:
             outcome = "infra_failure"
             state.budget.infra_failures += 1
         else:
             outcome = "data_failure"
             state.budget.data_failures += 1
+            if slot is not None and sig is not None and kind is blame.Blame.FIRST_VERDICT:
+                state.data_charges.append((slot.name, sig))
         if slot is not None:
             state.last_failed = slot.name
         run.accounts.attempt_ended(outcome, state.prompt_id, slot.name if slot else None, seconds, diagnosis)
-        if slot is not None and diagnosis.blames_shard:
-            self._eject(run, slot.name)
+        if kind is blame.Blame.MISCONFIGURED:
+            error = RolloutFleetMisconfigured(verdict.evidence)
+            error.__cause__ = exc
+            log.error("%s", error)
+            run.fail(error)
+            return
+        if kind is blame.Blame.POISON:
+            self._data_failed(run, state, diagnosis, f"{verdict.evidence}; {diagnosis.reason}")
+            return
+        if slot is not None and kind is blame.Blame.BACKPRESSURE:
+            slot.weight = slot.shard.weight * self._shares.busy(slot.name)
+            run.requeue(state, self._backpressure_delay(slot, diagnosis))
+            return
+        answered = sig is not None
+        if slot is not None and diagnosis.blames_shard and (not answered or kind is blame.Blame.SICK_SHARD):
+            self._eject(run, slot.name)  # a shard that answered is ejected on evidence, not on one answer
         draw = self._rng.random()
-        decision = decide(self.policy, state.budget, diagnosis.failure_class, terminal=diagnosis.terminal, draw=draw)
+        if failure_class is FailureClass.DATA and state.data_charges:
+            self._refund(state)
+        decision = decide(self.policy, state.budget, failure_class, terminal=diagnosis.terminal, draw=draw)
+        unconfirmed = sig is not None and not self._evidence.confirmed(state.prompt_id, sig)
+        if isinstance(decision, DataFailedDecision) and not decision.terminal and unconfirmed:
+            # Shards answered this prompt differently: that says the shards differ, not that the prompt is bad.
+            state.budget.data_failures -= 1
+            state.budget.infra_failures += 1
+            state.data_charges = state.data_charges[:-1]
+            failure_class = FailureClass.INFRA
+            decision = decide(self.policy, state.budget, failure_class, draw=draw)
         if isinstance(decision, DataFailedDecision):
             self._data_failed(run, state, diagnosis)
         elif isinstance(decision, ExhaustedDecision):
             self._exhausted(run, state, exc, diagnosis)
+        elif answered and isinstance(decision, RetryDecision):
+            run.requeue(state, 0.0)  # the shard answered: the fleet is up, and the retry goes to another shard
         else:
             run.requeue(state, decision.delay_seconds)
+
+    def _refund(self, state: _PromptState) -> None:
+        """Data charges made by shards since judged sick for that same failure do not count against the prompt."""
+        sick = [charge for charge in state.data_charges if self._evidence.judged_sick(*charge)]
+        if sick:
+            state.data_charges = [charge for charge in state.data_charges if charge not in sick]
+            state.budget.data_failures -= len(sick)
+            state.budget.infra_failures += len(sick)
+
+    def _backpressure_delay(self, slot: _Slot, diagnosis: Diagnosis) -> float:
+        """At once when another routable shard has its full share; otherwise what the shard asked for (Retry-After),
+        at least the first backoff and at most the backoff cap."""
+        if any(other is not slot and self._shares.of(other.name) >= 1.0 for other in self._routable):
+            return 0.0
+        asked = diagnosis.retry_after if diagnosis.retry_after is not None else 0.0
+        first = backoff_seconds(self.policy, 1, 0.0)
+        return min(self.policy.backoff_max_seconds, max(first, asked))
 
     def _no_shard(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
         """No routable shard for a whole healthy wait: the run ends now, whatever the budgets, instead of charging
@@ -807,15 +887,19 @@ class Dispatcher:
         log.error("%s", error)
         run.fail(error)
 
-    def _data_failed(self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis) -> None:
-        cls, kind, reason = diagnosis.failure_class, diagnosis.failure_type, diagnosis.reason
+    def _data_failed(
+        self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis, reason: str | None = None
+    ) -> None:
+        kind, reason = diagnosis.failure_type, reason or diagnosis.reason
         attempts, shards = state.budget.attempts, tuple(state.tried)
-        run.finish(state, DataFailed(state.prompt_id, state.prompt, cls, kind, reason, attempts, shards))
+        self._evidence.forget(state.prompt_id)
+        run.finish(state, DataFailed(state.prompt_id, state.prompt, FailureClass.DATA, kind, reason, attempts, shards))
 
     def _exhausted(
         self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, diagnosis: Diagnosis
     ) -> None:
         run.accounts.exhausted()
+        self._evidence.forget(state.prompt_id)
         reason, attempts, shards = diagnosis.reason, state.budget.attempts, tuple(state.tried)
         if run.stats.skipped < self.policy.max_skipped_prompts:
             run.finish(state, Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards))
@@ -851,7 +935,7 @@ class Dispatcher:
                 gone.append(slot)
                 del self._slots[name]
             elif shard != slot.shard:
-                slot.shard, slot.weight = shard, shard.weight
+                slot.shard, slot.weight = shard, shard.weight * self._shares.of(name)
         for name in sorted(fresh):
             if name not in self._slots:
                 self._slots[name] = _Slot(fresh[name])

@@ -1,0 +1,165 @@
+"""Blame follows the evidence: one test per rule of dispatch/blame.py, values in and a verdict out."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_runtime.dispatch.blame import Blame, Evidence, Signature, judge, signature
+from rollout_runtime.dispatch.share import MIN_SHARE, Shares
+from rollout_runtime.failures import Diagnosis, FailureClass
+
+SHARDS = ("a", "b", "c", "d")
+
+
+def diag(
+    status: int | None, reason: str = "boom", *, infra: bool = True, retry_after: float | None = None
+) -> Diagnosis:
+    return Diagnosis(
+        failure_class=FailureClass.INFRA if infra else FailureClass.DATA,
+        failure_type="GenerationUnavailable" if infra else "RolloutDataFailure",
+        blames_shard=infra,
+        terminal=False,
+        reason=reason,
+        status=status,
+        retry_after=retry_after,
+    )
+
+
+def fail(evidence: Evidence, prompt: int, shard: str, d: Diagnosis, healthy: tuple[str, ...] = SHARDS) -> Blame:
+    sig = signature(d, shard, f"http://{shard}:8000")
+    assert sig is not None
+    return judge(evidence, prompt=prompt, shard=shard, sig=sig, diagnosis=d, healthy=healthy).blame
+
+
+def test_the_signature_ignores_who_answered_and_the_numbers_in_the_message() -> None:
+    one = signature(diag(500, "shard a (http://a:8000) answered HTTP 500: bad max_tokens -5"), "a", "http://a:8000")
+    two = signature(diag(500, "shard b (http://b:8000) answered HTTP 500: bad max_tokens -7"), "b", "http://b:8000")
+    three = signature(diag(500, "shard-12 answered HTTP 500: bad max_tokens -5"), "shard-12", "http://x:1")
+    assert three is not None
+    assert "bad max_tokens" in three[2]
+    assert one == two
+    assert one is not None
+    assert one[1] == 500
+    assert signature(diag(None), "a", "http://a:8000") is None, "no status: nothing to weigh"
+
+
+def test_backpressure_is_its_own_verdict_and_leaves_no_evidence() -> None:
+    evidence = Evidence()
+    assert fail(evidence, 1, "a", diag(429)) is Blame.BACKPRESSURE
+    assert fail(evidence, 2, "a", diag(503, retry_after=2.0)) is Blame.BACKPRESSURE
+    assert evidence.streaks == {}
+    assert evidence.fleet == {}
+    assert fail(evidence, 3, "a", diag(503)) is Blame.FIRST_VERDICT, "503 without Retry-After is not backpressure"
+
+
+def test_a_signature_on_every_shard_with_nothing_succeeding_is_a_misconfigured_fleet() -> None:
+    evidence = Evidence()
+    verdicts = [fail(evidence, prompt, shard, diag(401, "Unauthorized")) for prompt, shard in enumerate(SHARDS)]
+    assert verdicts[:-1] == [Blame.FIRST_VERDICT] * 3
+    assert verdicts[-1] is Blame.MISCONFIGURED, "all four shards showed it: within one attempt per shard"
+    sig = signature(diag(401, "Unauthorized"), "a", "")
+    assert sig is not None
+    verdict = judge(evidence, prompt=9, shard="a", sig=sig, diagnosis=diag(401, "Unauthorized"), healthy=SHARDS)
+    assert "every shard answers 401 Unauthorized: check the API key" in verdict.evidence
+
+
+def test_a_success_anywhere_means_the_fleet_is_not_misconfigured() -> None:
+    evidence = Evidence()
+    fail(evidence, 0, "a", diag(401))
+    evidence.succeeded("d", 7)
+    assert [fail(evidence, p, s, diag(401)) for p, s in enumerate(SHARDS, start=1)][-1] is not Blame.MISCONFIGURED
+
+
+def test_transient_statuses_never_make_a_fleet_misconfigured() -> None:
+    evidence = Evidence()
+    assert all(fail(evidence, p, s, diag(503)) is not Blame.MISCONFIGURED for p, s in enumerate(SHARDS * 3))
+
+
+def test_one_prompt_on_every_shard_is_not_a_misconfiguration() -> None:
+    evidence = Evidence()
+    assert all(fail(evidence, 0, s, diag(401)) is not Blame.MISCONFIGURED for s in SHARDS)
+
+
+def test_a_failure_that_follows_one_prompt_across_serving_shards_is_a_poison_prompt() -> None:
+    evidence = Evidence()
+    for shard in SHARDS:
+        evidence.succeeded(shard, f"other-{shard}")
+    assert fail(evidence, 5, "a", diag(500, "bad request")) is Blame.FIRST_VERDICT
+    assert fail(evidence, 5, "b", diag(500, "bad request")) is Blame.POISON
+
+
+def test_shards_that_never_served_anything_do_not_convict_a_prompt() -> None:
+    evidence = Evidence()
+    fail(evidence, 5, "a", diag(500, "x"))
+    assert fail(evidence, 5, "b", diag(500, "x")) is Blame.FIRST_VERDICT
+
+
+def test_a_failure_that_follows_one_shard_while_others_serve_its_prompts_is_a_sick_shard() -> None:
+    evidence = Evidence()
+    assert fail(evidence, 1, "a", diag(422, "bad", infra=False)) is Blame.FIRST_VERDICT
+    evidence.succeeded("b", 1)  # another shard served the prompt shard a failed
+    assert fail(evidence, 2, "a", diag(422, "bad", infra=False)) is Blame.SICK_SHARD
+    sig = signature(diag(422, "bad", infra=False), "a", "")
+    assert sig is not None
+    assert evidence.judged_sick("a", sig)
+
+
+def test_two_poison_prompts_on_one_healthy_shard_do_not_make_it_sick() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "a", diag(400, "too long", infra=False))
+    assert fail(evidence, 2, "a", diag(400, "too long", infra=False)) is Blame.FIRST_VERDICT
+
+
+def test_a_success_on_the_shard_ends_its_streak() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "a", diag(401))
+    evidence.succeeded("b", 1)
+    evidence.succeeded("a", 3)
+    assert fail(evidence, 2, "a", diag(401)) is Blame.FIRST_VERDICT
+
+
+def test_a_single_shard_fleet_has_no_sick_shard_to_route_around() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "a", diag(422, infra=False), healthy=("a",))
+    evidence.succeeded("a", 9)
+    fail(evidence, 2, "a", diag(422, infra=False), healthy=("a",))
+    assert fail(evidence, 3, "a", diag(422, infra=False), healthy=("a",)) is not Blame.SICK_SHARD
+
+
+def test_a_data_verdict_is_confirmed_only_by_the_same_answer_from_two_shards() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "a", diag(422, "x", infra=False))
+    fail(evidence, 1, "b", diag(413, "y", infra=False))
+    sig_a = signature(diag(422, "x", infra=False), "a", "")
+    assert sig_a is not None
+    assert not evidence.confirmed(1, sig_a)
+    fail(evidence, 1, "c", diag(422, "x", infra=False))
+    assert evidence.confirmed(1, sig_a)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from(SHARDS), st.sampled_from([401, 500, 422])), max_size=300))
+def test_evidence_stays_bounded_and_forgets_finished_prompts(failures: list[tuple[int, str, int]]) -> None:
+    evidence = Evidence()
+    for prompt, shard, status in failures:
+        fail(evidence, prompt, shard, diag(status, f"m{status}"))
+    for prompt, _, _ in failures:
+        evidence.forget(prompt)
+    assert evidence.prompts == {}
+    for streaks in evidence.streaks.values():
+        assert all(len(prompts) <= 8 for prompts in streaks.values())
+    sightings: dict[Signature, object] = dict(evidence.fleet)
+    assert len(sightings) <= 256
+
+
+def test_a_busy_shard_share_halves_to_a_floor_and_grows_back_with_successes() -> None:
+    shares = Shares()
+    assert shares.of("a") == 1.0
+    assert shares.busy("a") == 0.5
+    for _ in range(10):
+        shares.busy("a")
+    assert shares.of("a") == MIN_SHARE
+    for _ in range(8):
+        shares.served("a")
+    assert shares.of("a") == 1.0
+    assert shares.of("b") == 1.0, "other shards keep their full share"
