@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch.budget import DataFailedDecision, ExhaustedDecision, PromptBudget, decide
 from rollout_runtime.dispatch.clock import Clock, LoopClock
+from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
 from rollout_runtime.dispatch.outcomes import (
@@ -59,6 +60,7 @@ from rollout_runtime.dispatch.outcomes import (
     StallDetected,
 )
 from rollout_runtime.dispatch.policy import DispatchPolicy
+from rollout_runtime.dispatch.progress import bind_progress, unbind_progress
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
 from rollout_runtime.failures import (
@@ -88,6 +90,8 @@ class _Attempt:
     task: asyncio.Task[Any]
     cancelling: int
     evicted: bool = False
+    stalled: float | None = None
+    """Set to the quiet time allowed when the progress watchdog abandoned the attempt."""
 
 
 @dataclass(slots=True, eq=False)
@@ -487,6 +491,7 @@ class Dispatcher:
             self.policy.ejection_base_seconds, self.policy.ejection_max_seconds, self.policy.max_ejection_percent
         )
         self._slots: dict[str, _Slot] = {}
+        self._timings: dict[str, ShardTimings] = {}
         self._routable: list[_Slot] = []
         self._panic = False
         self._cursor = 0
@@ -649,13 +654,14 @@ class Dispatcher:
         evicted = False
         result: Any = None
         deadline: asyncio.Timeout | None = None
+        watch = self._attempt_clock(slot.name, started)
         try:
             try:
                 if timeout is None:
-                    result = await run.rollout(slot.shard, state.prompt)
+                    result = await self._call(run, slot, state, record, watch)
                 else:
                     async with asyncio.timeout(timeout) as deadline:
-                        result = await run.rollout(slot.shard, state.prompt)
+                        result = await self._call(run, slot, state, record, watch)
             except asyncio.CancelledError:
                 if record.evicted and task.uncancel() <= record.cancelling:
                     evicted = True
@@ -668,6 +674,12 @@ class Dispatcher:
                 failure = exc
                 if deadline is not None and deadline.expired():
                     failure = RolloutTimeout(f"attempt exceeded {timeout:g}s on shard {slot.name}")
+                    failure.__cause__ = exc
+                elif record.stalled is not None:
+                    quiet = "no token" if watch is not None and watch.tokens else "no answer or first token"
+                    failure = RolloutTimeout(
+                        f"{quiet} for {record.stalled:.3g}s on shard {slot.name} (its recent timings allow that much)"
+                    )
                     failure.__cause__ = exc
             except Exception as exc:
                 failure = exc
@@ -687,13 +699,62 @@ class Dispatcher:
             state.last_failed = slot.name
             run.requeue(state, 0.0)
         elif failure is not None:
-            self._failed(run, state, slot, failure, seconds)
+            self._failed(run, state, slot, failure, seconds, immediate=record.stalled is not None)
         else:
+            if watch is not None:
+                watch.succeeded(clock())
             accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
             if self._completions is not None:
                 self._completions.attempt_succeeded(slot.name)
             attempts = state.budget.attempts + 1
             run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
+
+    def _attempt_clock(self, shard: str, started: float) -> AttemptClock | None:
+        """The attempt's progress deadlines from its shard's recent timings; None without the watchdog or hedging."""
+        policy = self.policy
+        if not policy.progress_watchdog and policy.hedge_factor is None:
+            return None
+        timings = self._timings.get(shard)
+        if timings is None:
+            timings = self._timings[shard] = ShardTimings()
+        return AttemptClock(
+            timings,
+            started,
+            factor=policy.progress_factor,
+            floor=policy.progress_floor_seconds,
+            cap=policy.progress_cap_seconds,
+        )
+
+    async def _call(
+        self, run: DispatchRun[Any, Any], slot: _Slot, state: _PromptState, record: _Attempt, watch: AttemptClock | None
+    ) -> Any:
+        """``rollout(shard, prompt)``, watched for progress when the policy asks: the rollout reports tokens through
+        :func:`~rollout_runtime.dispatch.progress.report_progress`; a quiet spell past the deadline ends the call
+        with TimeoutError and sets ``record.stalled``."""
+        if watch is None or not self.policy.progress_watchdog:
+            return await run.rollout(slot.shard, state.prompt)
+        loop, now = self._loop, self.clock.monotonic
+        quiet = asyncio.timeout(None)
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal handle
+            moment = now()
+            if watch.stalled(moment):
+                record.stalled = watch.allowed
+                quiet.reschedule(loop.time())
+            else:
+                handle = loop.call_later(watch.due() - moment, check)
+
+        token = bind_progress(lambda tokens: watch.progress(now(), tokens))
+        try:
+            async with quiet:
+                handle = loop.call_later(watch.allowed, check)
+                return await run.rollout(slot.shard, state.prompt)
+        finally:
+            unbind_progress(token)
+            if handle is not None:
+                handle.cancel()
 
     def _failed(
         self,
@@ -702,7 +763,10 @@ class Dispatcher:
         slot: _Slot | None,
         exc: BaseException,
         seconds: float | None,
+        *,
+        immediate: bool = False,
     ) -> None:
+        """``immediate``: a retry goes back at once, without backoff (the watchdog already waited)."""
         diagnosis = diagnose(exc)
         outcome: AttemptOutcome
         if diagnosis.failure_class is FailureClass.INFRA:
@@ -723,7 +787,7 @@ class Dispatcher:
         elif isinstance(decision, ExhaustedDecision):
             self._exhausted(run, state, exc, diagnosis)
         else:
-            run.requeue(state, decision.delay_seconds)
+            run.requeue(state, 0.0 if immediate else decision.delay_seconds)
 
     def _data_failed(self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis) -> None:
         cls, kind, reason = diagnosis.failure_class, diagnosis.failure_type, diagnosis.reason
