@@ -36,7 +36,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -74,6 +74,9 @@ from rollout_runtime.failures import (
 )
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource, fleet_identity
+
+if TYPE_CHECKING:
+    from rollout_runtime.dispatch.session import DispatchSession
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
@@ -585,6 +588,53 @@ class Dispatcher:
         run: DispatchRun[P, R] = DispatchRun(self, states, rollout)
         self._runs.add(run)
         return run
+
+    def session(self, rollout: Rollout[P, R]) -> DispatchSession[P, R]:
+        """A long-lived online session: ``submit(prompt)`` one at a time, sharing budgets, the stall watchdog,
+        ejection state and stats (see :mod:`rollout_runtime.dispatch.session`). Close it (``async with``) when done.
+        """
+        from rollout_runtime.dispatch.session import DispatchSession
+
+        if not self._entered or self._follower is None:
+            raise RuntimeError("use the Dispatcher as `async with Dispatcher(...) as dispatcher:` before session()")
+        session: DispatchSession[P, R] = DispatchSession(self, rollout)
+        self._runs.add(session)
+        return session
+
+    async def wait_ready(self, min_shards: int = 1, timeout: float | None = None) -> tuple[str, ...]:  # noqa: ASYNC109
+        """Wait until at least ``min_shards`` shards are routable; return their names.
+
+        Raises :class:`NoHealthyShards` after ``timeout`` seconds (None: wait forever), naming the shards the
+        source knows and why they are not ready when the source can say (:meth:`not_ready_reasons`).
+        """
+        if min_shards < 1:
+            raise ValueError(f"min_shards must be >= 1, got {min_shards}")
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self._routable) < min_shards:
+                    await self._changed.wait()
+        except TimeoutError:
+            raise NoHealthyShards(self._not_ready_message(min_shards, timeout)) from None
+        return self.routable
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        """Shard name -> why it is not in the healthy set, from a source that knows (``not_ready_reasons()``)."""
+        reasons = getattr(self._source, "not_ready_reasons", None)
+        if reasons is None:
+            return {}
+        try:
+            return dict(reasons())
+        except Exception:
+            log.exception("shard source failed to say why shards are not ready")
+            return {}
+
+    def _not_ready_message(self, min_shards: int, timeout: float | None) -> str:
+        routable = len(self._routable)
+        message = f"{routable} routable shard(s), {min_shards} needed, after {timeout:g}s"
+        reasons = self.not_ready_reasons()
+        if reasons:
+            message += "; not ready: " + "; ".join(f"{name}: {why}" for name, why in sorted(reasons.items())[:10])
+        return message
 
     # -- the attempt loop -----------------------------------------------------------------------------------
 
