@@ -86,6 +86,7 @@ class Scale:
             timeout_seconds=self.probe_timeout,
             failure_threshold=self.fall,
             success_threshold=self.rise,
+            check_model=True,
         )
 
     def policy(self) -> DispatchPolicy:

@@ -630,7 +630,8 @@ class Dispatcher:
 
     def _not_ready_message(self, min_shards: int, timeout: float | None) -> str:
         routable = len(self._routable)
-        message = f"{routable} routable shard(s), {min_shards} needed, after {timeout:g}s"
+        waited = "" if timeout is None else f", after {timeout:g}s"
+        message = f"{routable} routable shard(s), {min_shards} needed{waited}"
         reasons = self.not_ready_reasons()
         if reasons:
             message += "; not ready: " + "; ".join(f"{name}: {why}" for name, why in sorted(reasons.items())[:10])
@@ -686,7 +687,9 @@ class Dispatcher:
                 return
             if slot is None:
                 waited = self.policy.healthy_wait_seconds
-                self._failed(run, state, None, NoHealthyShards(f"no routable shard within {waited:g}s"), None)
+                why = self._not_ready_message(1, waited)
+                log.warning("prompt %s found no shard: %s", state.prompt_id, why)
+                self._failed(run, state, None, NoHealthyShards(f"no routable shard within {waited:g}s: {why}"), None)
                 return
         task = asyncio.current_task()
         assert task is not None
