@@ -115,7 +115,7 @@ class GenerationClient:
     async def complete(
         self,
         shard: Shard,
-        prompt: str,
+        prompt: str | list[int],
         *,
         max_tokens: int | None = 64,
         temperature: float = 0.0,
