@@ -19,4 +19,5 @@ pytest_plugins = [
     "support.chart_cluster",
     "support.kmockfix",
     "support.operator",
+    "support.llama",
 ]
