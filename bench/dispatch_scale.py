@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -35,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from _support import Rollout, bare_semaphore_loop, timed, yields_once
 from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
-from rollout_runtime.generation import GenerationClient
+from rollout_runtime.generation import GenerationClient, GenerationOptions
 from rollout_runtime.shards import Shard, StaticShardSource
 from rollout_runtime.sim import SimFleet
 
@@ -233,6 +234,64 @@ async def real_http(count: int, concurrencies: Sequence[int], sims: int, repeat:
     return {"http ratio": max(ratios)}
 
 
+# -- E. streaming parse cost -------------------------------------------------------------------------------------
+
+STREAM_PROMPT = "echo " + " ".join(f"t{i}" for i in range(47))
+
+
+async def raw_sse(shards: Sequence[Shard], count: int, concurrency: int) -> int:
+    """The floor: aiohttp, one session, every ``data:`` line json-decoded, the text deltas joined."""
+    semaphore = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    ok = 0
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+
+        async def one(index: int) -> None:
+            nonlocal ok
+            shard = shards[index % len(shards)]
+            payload = {"model": shard.model, "prompt": STREAM_PROMPT, "max_tokens": 64, "stream": True}
+            async with semaphore, session.post(shard.endpoint + "/v1/completions", json=payload) as response:
+                parts = []
+                async for line in response.content:
+                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                        parts.extend(c.get("text", "") for c in json.loads(line[5:])["choices"])
+                ok += "".join(parts) == STREAM_PROMPT
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+    return ok
+
+
+async def client_sse(shards: Sequence[Shard], count: int, concurrency: int) -> int:
+    """GenerationClient streaming into typed results (progress reported per chunk, as under the dispatcher)."""
+    semaphore = asyncio.Semaphore(concurrency)
+    options = GenerationOptions(stream=True)
+    async with GenerationClient(max_connections=concurrency) as client:
+
+        async def one(index: int) -> bool:
+            async with semaphore:
+                completion = await client.complete(shards[index % len(shards)], STREAM_PROMPT, options=options)
+                return completion.text == STREAM_PROMPT
+
+        return sum(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+async def streaming_parse(count: int, concurrency: int, sims: int, repeat: int) -> dict[str, float]:
+    print(f"\nE. streaming: {count:,} streamed completions (48 chunks), {concurrency} concurrent, {sims} sims")
+    print(f"   {'raw aiohttp SSE us':>18} {'GenerationClient us':>19} {'ratio':>6}")
+    best = {"raw": float("inf"), "client": float("inf")}
+    async with SimFleet(sims) as fleet:
+        for _ in range(repeat):  # interleaved
+            for name, loop in (("raw", raw_sse), ("client", client_sse)):
+                start = time.perf_counter()
+                done = await loop(fleet.shards, count, concurrency)
+                if done != count:
+                    raise RuntimeError(f"{name} streamed {done} of {count} correctly")
+                best[name] = min(best[name], (time.perf_counter() - start) / count * 1e6)
+    ratio = best["client"] / best["raw"]
+    print(f"   {best['raw']:18.1f} {best['client']:19.1f} {ratio:5.2f}x")
+    return {"stream ratio": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
@@ -242,11 +301,13 @@ def main() -> None:
         b = shard_count(1_000, 10, [1, 100], repeat=1)
         c = asyncio.run(real_http(200, [10], sims=2, repeat=1))
         d = selection_cost([1, 4, 100], 2_000, repeat=1)
+        e = asyncio.run(streaming_parse(50, 10, sims=2, repeat=1))
     else:
         a = queue_and_concurrency([1_000, 10_000, 100_000], [10, 100, 1_000], repeat=3)
         b = shard_count(10_000, 100, [1, 4, 10, 100, 1_000], repeat=3)
         c = asyncio.run(real_http(5_000, [10, 100], sims=4, repeat=3))
         d = selection_cost([1, 4, 10, 100, 1_000], 50_000, repeat=3)
+        e = asyncio.run(streaming_parse(1_000, 32, sims=4, repeat=3))
     print(f"\n{MARKER}:")
     print(f"  Dispatcher / bare loop, zero-latency (median over the grid): {a['median ratio']:.2f}x")
     print(f"  per-attempt cost, largest queue / smallest (linear = ~1x):   {a['queue growth']:.2f}x")
@@ -259,6 +320,7 @@ def main() -> None:
         f"  selection per attempt at the largest fleet: {d['selection us at largest']:.2f} us, "
         f"{d['selection vs 4']:.2f}x the 4-shard cost"
     )
+    print(f"  streamed completions, GenerationClient / raw aiohttp SSE loop: {e['stream ratio']:.2f}x")
 
 
 if __name__ == "__main__":
