@@ -55,7 +55,7 @@ from rollout_runtime.sim import SimFleet, expected_answer
 from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule
 
 MARKER = "failover ratios vs rollout-fleet"
-CONTENDERS = ("rollout-fleet", "rollout-fleet-streaming", "haproxy", "nginx", "naive")
+CONTENDERS = ("rollout-fleet", "rollout-fleet-streaming", "rollout-fleet-hedged", "haproxy", "nginx", "naive")
 KILLED, HUNG, FLAPPING = "shard-1", "shard-2", "shard-3"
 
 
@@ -243,7 +243,8 @@ async def drive_rollout_fleet(
         st = run.stats
         tally.detail = (
             f"dispatcher attempts: {st.successes} ok, {st.infra_failures} infra-failed, {st.data_failures} "
-            f"data-failed, {st.cancelled} evicted; {st.ejections} ejections, {st.skipped} skipped"
+            f"data-failed, {st.cancelled} evicted or hedge losers; {st.ejections} ejections, {st.skipped} skipped; "
+            f"{st.hedges} hedges, {st.hedges_wasted} wasted"
         )
 
 
@@ -256,6 +257,14 @@ async def drive_rollout_fleet_streaming(
     )
     options = GenerationOptions(stream=True)
     await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin, policy=policy, options=options)
+
+
+async def drive_rollout_fleet_hedged(
+    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+) -> None:
+    """rollout-fleet with hedging: an attempt still running after its shard's p99 latency x 2 is hedged elsewhere."""
+    policy = scale.policy().model_copy(update={"hedge_factor": 2.0})
+    await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin, policy=policy)
 
 
 async def _workers(prompts: list[Prompt], concurrency: int, one: Callable[[Prompt], Awaitable[None]]) -> None:
@@ -397,6 +406,8 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
                 await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin)
             elif name == "rollout-fleet-streaming":
                 await drive_rollout_fleet_streaming(fleet, prompts, scale, seed, tally, begin)
+            elif name == "rollout-fleet-hedged":
+                await drive_rollout_fleet_hedged(fleet, prompts, scale, seed, tally, begin)
             elif name == "naive":
                 await drive_naive(fleet, prompts, scale, seed, tally, begin)
             elif name == "haproxy":

@@ -95,6 +95,8 @@ class _Attempt:
     evicted: bool = False
     stalled: float | None = None
     """Set to the quiet time allowed when the progress watchdog abandoned the attempt."""
+    won_on: _Slot | None = None
+    """The hedge's shard, when a hedged second attempt answered first."""
 
 
 @dataclass(slots=True, eq=False)
@@ -711,10 +713,10 @@ class Dispatcher:
         try:
             try:
                 if timeout is None:
-                    result = await self._call(run, slot, state, record, watch)
+                    result = await self._hedged(run, slot, state, record, watch)
                 else:
                     async with asyncio.timeout(timeout) as deadline:
-                        result = await self._call(run, slot, state, record, watch)
+                        result = await self._hedged(run, slot, state, record, watch)
             except asyncio.CancelledError:
                 if record.evicted and task.uncancel() <= record.cancelling:
                     evicted = True
@@ -754,13 +756,14 @@ class Dispatcher:
         elif failure is not None:
             self._failed(run, state, slot, failure, seconds, immediate=record.stalled is not None)
         else:
-            if watch is not None:
+            if watch is not None and record.won_on is None:
                 watch.succeeded(clock())
-            accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
+            shard = record.won_on.name if record.won_on is not None else slot.name
+            accounts.attempt_ended("success", state.prompt_id, shard, seconds)
             if self._completions is not None:
-                self._completions.attempt_succeeded(slot.name)
+                self._completions.attempt_succeeded(shard)
             attempts = state.budget.attempts + 1
-            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
+            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, shard))
 
     def _attempt_clock(self, shard: str, started: float) -> AttemptClock | None:
         """The attempt's progress deadlines from its shard's recent timings; None without the watchdog or hedging."""
@@ -808,6 +811,77 @@ class Dispatcher:
             unbind_progress(token)
             if handle is not None:
                 handle.cancel()
+
+    async def _hedged(
+        self, run: DispatchRun[Any, Any], slot: _Slot, state: _PromptState, record: _Attempt, watch: AttemptClock | None
+    ) -> Any:
+        """:meth:`_call`, plus opt-in hedging: still running after the shard's p99 latency x ``hedge_factor``, a
+        second attempt starts on another shard; the first answer wins and the other is cancelled (wasted)."""
+        factor = self.policy.hedge_factor
+        timings = self._timings.get(slot.name)
+        p99 = timings.latency.quantile(0.99) if factor is not None and timings is not None else None
+        if p99 is None or factor is None:
+            return await self._call(run, slot, state, record, watch)
+        primary = asyncio.ensure_future(self._call(run, slot, state, record, watch))
+        try:
+            done, _ = await asyncio.wait({primary}, timeout=p99 * factor)
+            if done:
+                return primary.result()
+            self._cursor += 1
+            other = pick_shard(self._routable, start=self._cursor, last_failed=slot.name, tried=state.tried)
+            if other is None or other is slot:
+                return await primary
+            return await self._race(run, state, primary, slot, other, record)
+        finally:
+            if not primary.done():
+                primary.cancel()
+                with contextlib.suppress(BaseException):
+                    await primary
+
+    async def _race(
+        self,
+        run: DispatchRun[Any, Any],
+        state: _PromptState,
+        primary: asyncio.Future[Any],
+        slot: _Slot,
+        other: _Slot,
+        record: _Attempt,
+    ) -> Any:
+        """Run the hedge on ``other`` against ``primary``: the first success wins; if one fails, wait for the other;
+        if both fail, the primary's failure is the attempt's. The extra attempt is accounted as a cancelled one, on the
+        loser's shard (the winner's is the attempt's own outcome)."""
+        accounts, clock = run.accounts, self.clock.monotonic
+        hedge = asyncio.ensure_future(run.rollout(other.shard, state.prompt))
+        hedge_record = _Attempt(hedge, 0)
+        other.outstanding += 1
+        other.attempts.add(hedge_record)  # an eviction of the hedge's shard cancels the hedge only
+        accounts.attempt_started()
+        run.stats.hedges += 1
+        if other.name not in state.tried:
+            state.tried.append(other.name)
+        started = clock()
+        try:
+            pending: set[asyncio.Future[Any]] = {primary, hedge}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                winner = next((t for t in done if not t.cancelled() and t.exception() is None), None)
+                if winner is not None:
+                    if pending:
+                        run.stats.hedges_wasted += 1
+                    if winner is hedge:
+                        record.won_on = other
+                    return winner.result()
+            return primary.result()  # both failed: raise the primary's failure
+        finally:
+            if not hedge.done():
+                hedge.cancel()
+                with contextlib.suppress(BaseException):
+                    await hedge
+            other.outstanding -= 1
+            other.attempts.discard(hedge_record)
+            accounts.attempt_stopped()
+            loser = slot.name if record.won_on is other else other.name
+            accounts.attempt_ended("cancelled", state.prompt_id, loser, clock() - started)
 
     def _failed(
         self,
