@@ -8,9 +8,10 @@ A. queue and concurrency: 1k, 10k, 100k prompts x 10, 100, 1,000 concurrent, zer
    microseconds per attempt for the bare asyncio loop and the Dispatcher, their ratio, and the growth of the
    Dispatcher's per-attempt cost from the smallest to the largest queue (linear total cost = flat per attempt;
    quadratic would multiply it by the queue growth, 100x).
-B. shard count: 10k prompts, 100 concurrent, 1 to 1,000 shards in the healthy set. Selection scans the healthy set
-   once per attempt (by design, see rollout_runtime.dispatch.selection), so the per-attempt cost grows with the
-   shard count (linear), never with shards x queue.
+B. shard count: 10k prompts, 100 concurrent, 1 to 1,000 shards in the healthy set. Selection scans small fleets
+   exactly and samples large ones (power-of-two-choices, see rollout_runtime.dispatch.selection), so the
+   per-attempt cost stays flat with the shard count.
+D. selection alone: pick_shard per attempt at 1 to 1,000 shards beside the exact scan it replaced.
 C. real HTTP: fast simulated shards (real subprocesses, no added latency); a raw aiohttp loop (one session,
    round-robin, semaphore), the same loop through GenerationClient, and the Dispatcher with GenerationClient. What
    the dispatcher adds on top of real requests, at 10 and 100 concurrent.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -34,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from _support import Rollout, bare_semaphore_loop, timed, yields_once
 from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
-from rollout_runtime.generation import GenerationClient
+from rollout_runtime.generation import GenerationClient, GenerationOptions
 from rollout_runtime.shards import Shard, StaticShardSource
 from rollout_runtime.sim import SimFleet
 
@@ -116,6 +118,44 @@ def shard_count(count: int, concurrency: int, shard_counts: Sequence[int], repea
     return {"shard growth": results[last] / results[first], "shard factor": last / first}
 
 
+# -- D. selection alone ------------------------------------------------------------------------------------------
+
+
+def selection_cost(shard_counts: Sequence[int], picks: int, repeat: int) -> dict[str, float]:
+    """pick_shard per attempt at each fleet size, beside the exact scan it replaced beyond EXACT_SCAN_MAX (the
+    same function, ``selection._scan``, so both run in this process), with a retry's last_failed and tried."""
+    from rollout_runtime.dispatch import ShardLoad, pick_shard
+    from rollout_runtime.dispatch.selection import _scan
+
+    print(f"\nD. selection alone: ns per pick (best of {repeat}), {picks:,} picks, load tracked, a retry every 4th")
+    print(f"   {'shards':>7} {'exact scan ns':>13} {'pick_shard ns':>13} {'vs 4 shards':>11}")
+    results: dict[int, float] = {}
+    for count in shard_counts:
+        loads = [ShardLoad(shard) for shard in shards_of(count)]
+
+        def run(chooser: Callable[..., Any], loads: list[ShardLoad] = loads) -> float:
+            start = time.perf_counter()
+            for i in range(picks):
+                retry = i % 4 == 0
+                picked = chooser(loads, i, loads[i % len(loads)].name if retry else None, ())
+                picked.outstanding += 1
+                if i % 2:
+                    picked.outstanding -= 1
+            for load in loads:
+                load.outstanding = 0
+            return (time.perf_counter() - start) / picks * 1e9
+
+        def new(loads: list[ShardLoad], i: int, failed: str | None, tried: tuple[str, ...]) -> Any:
+            return pick_shard(loads, start=i, last_failed=failed, tried=tried)
+
+        scan_ns = min(run(_scan) for _ in range(repeat))
+        results[count] = min(run(new) for _ in range(repeat))
+        reference = results.get(4, results[count])
+        print(f"   {count:>7,} {scan_ns:13.0f} {results[count]:13.0f} {results[count] / reference:10.2f}x")
+    largest = shard_counts[-1]
+    return {"selection us at largest": results[largest] / 1000, "selection vs 4": results[largest] / results[4]}
+
+
 # -- C. real HTTP -----------------------------------------------------------------------------------------------
 
 
@@ -194,6 +234,64 @@ async def real_http(count: int, concurrencies: Sequence[int], sims: int, repeat:
     return {"http ratio": max(ratios)}
 
 
+# -- E. streaming parse cost -------------------------------------------------------------------------------------
+
+STREAM_PROMPT = "echo " + " ".join(f"t{i}" for i in range(47))
+
+
+async def raw_sse(shards: Sequence[Shard], count: int, concurrency: int) -> int:
+    """The floor: aiohttp, one session, every ``data:`` line json-decoded, the text deltas joined."""
+    semaphore = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    ok = 0
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+
+        async def one(index: int) -> None:
+            nonlocal ok
+            shard = shards[index % len(shards)]
+            payload = {"model": shard.model, "prompt": STREAM_PROMPT, "max_tokens": 64, "stream": True}
+            async with semaphore, session.post(shard.endpoint + "/v1/completions", json=payload) as response:
+                parts = []
+                async for line in response.content:
+                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                        parts.extend(c.get("text", "") for c in json.loads(line[5:])["choices"])
+                ok += "".join(parts) == STREAM_PROMPT
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+    return ok
+
+
+async def client_sse(shards: Sequence[Shard], count: int, concurrency: int) -> int:
+    """GenerationClient streaming into typed results (progress reported per chunk, as under the dispatcher)."""
+    semaphore = asyncio.Semaphore(concurrency)
+    options = GenerationOptions(stream=True)
+    async with GenerationClient(max_connections=concurrency) as client:
+
+        async def one(index: int) -> bool:
+            async with semaphore:
+                completion = await client.complete(shards[index % len(shards)], STREAM_PROMPT, options=options)
+                return completion.text == STREAM_PROMPT
+
+        return sum(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+async def streaming_parse(count: int, concurrency: int, sims: int, repeat: int) -> dict[str, float]:
+    print(f"\nE. streaming: {count:,} streamed completions (48 chunks), {concurrency} concurrent, {sims} sims")
+    print(f"   {'raw aiohttp SSE us':>18} {'GenerationClient us':>19} {'ratio':>6}")
+    best = {"raw": float("inf"), "client": float("inf")}
+    async with SimFleet(sims) as fleet:
+        for _ in range(repeat):  # interleaved
+            for name, loop in (("raw", raw_sse), ("client", client_sse)):
+                start = time.perf_counter()
+                done = await loop(fleet.shards, count, concurrency)
+                if done != count:
+                    raise RuntimeError(f"{name} streamed {done} of {count} correctly")
+                best[name] = min(best[name], (time.perf_counter() - start) / count * 1e6)
+    ratio = best["client"] / best["raw"]
+    print(f"   {best['raw']:18.1f} {best['client']:19.1f} {ratio:5.2f}x")
+    return {"stream ratio": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
@@ -202,18 +300,27 @@ def main() -> None:
         a = queue_and_concurrency([100, 1_000], [10, 100], repeat=1)
         b = shard_count(1_000, 10, [1, 100], repeat=1)
         c = asyncio.run(real_http(200, [10], sims=2, repeat=1))
+        d = selection_cost([1, 4, 100], 2_000, repeat=1)
+        e = asyncio.run(streaming_parse(50, 10, sims=2, repeat=1))
     else:
         a = queue_and_concurrency([1_000, 10_000, 100_000], [10, 100, 1_000], repeat=3)
-        b = shard_count(10_000, 100, [1, 10, 100, 1_000], repeat=3)
+        b = shard_count(10_000, 100, [1, 4, 10, 100, 1_000], repeat=3)
         c = asyncio.run(real_http(5_000, [10, 100], sims=4, repeat=3))
+        d = selection_cost([1, 4, 10, 100, 1_000], 50_000, repeat=3)
+        e = asyncio.run(streaming_parse(1_000, 32, sims=4, repeat=3))
     print(f"\n{MARKER}:")
     print(f"  Dispatcher / bare loop, zero-latency (median over the grid): {a['median ratio']:.2f}x")
     print(f"  per-attempt cost, largest queue / smallest (linear = ~1x):   {a['queue growth']:.2f}x")
     print(
         f"  per-attempt cost, {b['shard factor']:.0f}x the shards:                  {b['shard growth']:.2f}x "
-        "(linear scan per attempt)"
+        "(flat: two choices beyond the exact-scan size)"
     )
     print(f"  Dispatcher + GenerationClient / raw aiohttp, real HTTP (worst): {c['http ratio']:.2f}x")
+    print(
+        f"  selection per attempt at the largest fleet: {d['selection us at largest']:.2f} us, "
+        f"{d['selection vs 4']:.2f}x the 4-shard cost"
+    )
+    print(f"  streamed completions, GenerationClient / raw aiohttp SSE loop: {e['stream ratio']:.2f}x")
 
 
 if __name__ == "__main__":

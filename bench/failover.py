@@ -48,14 +48,14 @@ from rollout_runtime.dispatch import (
     backoff_seconds,
 )
 from rollout_runtime.failures import FailureClass, RolloutFailure, classify_rollout_failure
-from rollout_runtime.generation import GenerationClient
+from rollout_runtime.generation import GenerationClient, GenerationOptions
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
 from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule
 
 MARKER = "failover ratios vs rollout-fleet"
-CONTENDERS = ("rollout-fleet", "haproxy", "nginx", "naive")
+CONTENDERS = ("rollout-fleet", "rollout-fleet-streaming", "rollout-fleet-hedged", "haproxy", "nginx", "naive")
 KILLED, HUNG, FLAPPING = "shard-1", "shard-2", "shard-3"
 
 
@@ -86,6 +86,7 @@ class Scale:
             timeout_seconds=self.probe_timeout,
             failure_threshold=self.fall,
             success_threshold=self.rise,
+            check_model=True,
         )
 
     def policy(self) -> DispatchPolicy:
@@ -199,7 +200,15 @@ Begin = Callable[[], float]
 
 
 async def drive_rollout_fleet(
-    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+    fleet: SimFleet,
+    prompts: list[Prompt],
+    scale: Scale,
+    seed: int,
+    tally: Tally,
+    begin: Begin,
+    *,
+    policy: DispatchPolicy | None = None,
+    options: GenerationOptions | None = None,
 ) -> None:
     all_up = asyncio.Event()
 
@@ -213,13 +222,14 @@ async def drive_rollout_fleet(
 
     source = LocalShardSource(fleet.shards, scale.probe())
     client = GenerationClient(timeout_seconds=scale.attempt_timeout + 1.0, connect_timeout_seconds=1.0)
-    dispatcher = Dispatcher(source, scale.policy(), observer=observe, seed=seed, registry=CollectorRegistry())
+    policy = policy or scale.policy()
+    dispatcher = Dispatcher(source, policy, observer=observe, seed=seed, registry=CollectorRegistry())
     async with client, dispatcher:
         await asyncio.wait_for(all_up.wait(), 30.0)
 
         async def rollout(shard: Shard, prompt: Prompt) -> str:
             tally.send(prompt[0], shard.name)
-            return (await client.complete(shard, prompt[1], max_tokens=16)).text
+            return (await client.complete(shard, prompt[1], max_tokens=16, options=options)).text
 
         texts = {pid: text for pid, text in prompts}
         run = dispatcher.run(prompts, rollout, prompt_ids=[pid for pid, _ in prompts])
@@ -233,8 +243,28 @@ async def drive_rollout_fleet(
         st = run.stats
         tally.detail = (
             f"dispatcher attempts: {st.successes} ok, {st.infra_failures} infra-failed, {st.data_failures} "
-            f"data-failed, {st.cancelled} evicted; {st.ejections} ejections, {st.skipped} skipped"
+            f"data-failed, {st.cancelled} evicted or hedge losers; {st.ejections} ejections, {st.skipped} skipped; "
+            f"{st.hedges} hedges, {st.hedges_wasted} wasted"
         )
+
+
+async def drive_rollout_fleet_streaming(
+    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+) -> None:
+    """rollout-fleet with streamed requests and the progress watchdog: a frozen shard is left by its silence."""
+    policy = scale.policy().model_copy(
+        update={"progress_watchdog": True, "progress_factor": 3.0, "progress_floor_seconds": 0.3}
+    )
+    options = GenerationOptions(stream=True)
+    await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin, policy=policy, options=options)
+
+
+async def drive_rollout_fleet_hedged(
+    fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
+) -> None:
+    """rollout-fleet with hedging: an attempt still running after its shard's p99 latency x 2 is hedged elsewhere."""
+    policy = scale.policy().model_copy(update={"hedge_factor": 2.0})
+    await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin, policy=policy)
 
 
 async def _workers(prompts: list[Prompt], concurrency: int, one: Callable[[Prompt], Awaitable[None]]) -> None:
@@ -320,6 +350,8 @@ class Row:
     hang_to_last: float | None
     wall: float
     detail: str = ""
+    late: int = 0
+    """Prompts that took more than 1 s longer than an undisturbed generation."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -372,6 +404,10 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
         try:
             if name == "rollout-fleet":
                 await drive_rollout_fleet(fleet, prompts, scale, seed, tally, begin)
+            elif name == "rollout-fleet-streaming":
+                await drive_rollout_fleet_streaming(fleet, prompts, scale, seed, tally, begin)
+            elif name == "rollout-fleet-hedged":
+                await drive_rollout_fleet_hedged(fleet, prompts, scale, seed, tally, begin)
             elif name == "naive":
                 await drive_naive(fleet, prompts, scale, seed, tally, begin)
             elif name == "haproxy":
@@ -418,6 +454,7 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
         kill_to_last=kill_last,
         hang_to_last=hang_last,
         wall=wall,
+        late=sum(1 for latency in latencies if latency > scale.latency + 1.0),
         detail=tally.detail + (f"; first failure: {next(iter(tally.failed.values()))[:160]}" if tally.failed else ""),
     )
 
@@ -450,6 +487,7 @@ def report(rows: Sequence[Row], scale: Scale) -> None:
     for r in rows:
         if r.detail:
             print(f"  {r.name}: {r.detail}")
+    print("prompts more than 1 s late: " + ", ".join(f"{r.name} {r.late}" for r in rows))
     ours = next((r for r in rows if r.name == "rollout-fleet"), None)
     if ours is None:
         return

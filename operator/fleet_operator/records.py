@@ -292,7 +292,12 @@ class Records:
     def probe_targets(self) -> list[ProbeTarget[TargetKey]]:
         """What the HealthMonitor should probe: every target with a usable spec."""
         return [
-            ProbeTarget(name=key, endpoint=t.endpoint, settings=t.spec.probe, expected_model=expected_model(t.spec))
+            ProbeTarget(
+                name=key,
+                endpoint=t.endpoint,
+                settings=t.spec.probe,
+                expected_model=expected_model(t.spec) if t.spec.probe.check_model else None,
+            )
             for key, t in self.targets.items()
             if t.spec is not None
         ]

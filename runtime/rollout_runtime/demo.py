@@ -208,7 +208,9 @@ async def run_demo(
             view.note(f"started the arithmetic verifier at {env.url}")
         source = LocalShardSource(
             fleet.shards,
-            ProbeSettings(period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2, success_threshold=2),
+            ProbeSettings(
+                period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2, success_threshold=2, check_model=True
+            ),
             policy=ProbeTargetPolicy.local(),
         )
         policy = DispatchPolicy(

@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
 
 from rollout_runtime import http_verdicts
+from rollout_runtime.dispatch.progress import report_progress
 from rollout_runtime.failures import (
     MAX_MESSAGE_CHARS,
     GenerationUnavailable,
@@ -36,24 +36,18 @@ from rollout_runtime.failures import (
     RolloutTimeout,
 )
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
+from rollout_runtime.results import (
+    Completion,
+    GenerationOptions,
+    MalformedCompletion,
+    StreamAssembler,
+    parse_completion,
+)
 from rollout_runtime.shards.model import Shard
 
-__all__ = ["Completion", "GenerationClient"]
+__all__ = ["Completion", "GenerationClient", "GenerationOptions"]
 
 DEFAULT_MAX_RESPONSE_BYTES: Final[int] = 8 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One completion choice and its accounting."""
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    shard: str
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 _server_message = http_verdicts.server_message
@@ -106,20 +100,20 @@ class GenerationClient:
     async def complete(
         self,
         shard: Shard,
-        prompt: str,
+        prompt: str | list[int],
         *,
         max_tokens: int | None = 64,
         temperature: float = 0.0,
         extra: Mapping[str, Any] | None = None,
+        options: GenerationOptions | None = None,
     ) -> Completion:
-        """POST ``/v1/completions`` for one prompt; return the first choice. Raises taxonomy failures only."""
-        payload: dict[str, Any] = {"prompt": prompt, "temperature": temperature, **(extra or {})}
-        if shard.model:
-            payload["model"] = shard.model
-        if max_tokens is not None:
-            payload["max_tokens"] = max_tokens
-        body = await self._post(shard, "/v1/completions", payload)
-        return self._parse(shard, body, chat=False)
+        """POST ``/v1/completions`` for one prompt; every choice, typed. Raises taxonomy failures only.
+
+        ``options`` asks for token ids, logprobs, n choices or streaming (see :class:`GenerationOptions`);
+        ``extra`` fields are sent as given and win over both.
+        """
+        payload: dict[str, Any] = {"prompt": prompt, "temperature": temperature}
+        return await self._generate(shard, "/v1/completions", payload, max_tokens, extra, options, chat=False)
 
     async def chat(
         self,
@@ -129,15 +123,34 @@ class GenerationClient:
         max_tokens: int | None = 64,
         temperature: float = 0.0,
         extra: Mapping[str, Any] | None = None,
+        options: GenerationOptions | None = None,
     ) -> Completion:
-        """POST ``/v1/chat/completions``; return the first choice's message content."""
-        payload: dict[str, Any] = {"messages": list(messages), "temperature": temperature, **(extra or {})}
+        """POST ``/v1/chat/completions``; every choice's message content, typed (as :meth:`complete`)."""
+        payload: dict[str, Any] = {"messages": list(messages), "temperature": temperature}
+        return await self._generate(shard, "/v1/chat/completions", payload, max_tokens, extra, options, chat=True)
+
+    async def _generate(
+        self,
+        shard: Shard,
+        path: str,
+        payload: dict[str, Any],
+        max_tokens: int | None,
+        extra: Mapping[str, Any] | None,
+        options: GenerationOptions | None,
+        *,
+        chat: bool,
+    ) -> Completion:
+        if options is not None:
+            payload.update(options.request_fields(chat=chat))
+        payload.update(extra or {})
         if shard.model:
             payload["model"] = shard.model
         if max_tokens is not None:
             payload["max_tokens"] = max_tokens
-        body = await self._post(shard, "/v1/chat/completions", payload)
-        return self._parse(shard, body, chat=True)
+        if payload.get("stream"):
+            return await self._stream(shard, path, payload, chat=chat)
+        body = await self._post(shard, path, payload)
+        return self._parse(shard, body, chat=chat)
 
     async def _post(self, shard: Shard, path: str, payload: Mapping[str, Any]) -> bytes:
         url = shard.endpoint + path
@@ -186,28 +199,70 @@ class GenerationClient:
 
     @staticmethod
     def _parse(shard: Shard, body: bytes, *, chat: bool) -> Completion:
-        where = f"shard {shard.name}"
         try:
             payload = json.loads(body)
-            problem = http_verdicts.completion_problem(payload, chat=chat)
-            if problem is not None:
-                raise ValueError(problem)
-            choice = payload["choices"][0]
-            text = choice["message"]["content"] if chat else choice["text"]
-            if not isinstance(text, str):
-                raise TypeError("completion text is not a string")
-            usage = payload.get("usage") or {}
-            finish = choice.get("finish_reason")
-            return Completion(
-                text=text,
-                finish_reason=finish if isinstance(finish, str) else None,
-                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                completion_tokens=int(usage.get("completion_tokens") or 0),
-                model=str(payload.get("model") or shard.model),
-                shard=shard.name,
-                raw=payload,
-            )
-        except (ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
-            found = http_verdicts.not_a_completion(200, f"{type(exc).__name__}: {exc}")
-            failure = http_verdicts.failure_for(found, where)
-            raise GenerationUnavailable(safe_message(str(failure)), status=200) from exc
+        except (ValueError, RecursionError) as exc:
+            raise GenerationClient._not_a_completion(shard, f"{type(exc).__name__}: {exc}") from exc
+        problem = http_verdicts.completion_problem(payload, chat=chat)
+        if problem is None:
+            try:
+                return parse_completion(payload, chat=chat, shard=shard.name, model=shard.model)
+            except MalformedCompletion as exc:
+                problem = str(exc)
+        raise GenerationClient._not_a_completion(shard, problem)
+
+    @staticmethod
+    def _not_a_completion(shard: Shard, problem: str) -> GenerationUnavailable:
+        """The one verdict for a 200 that is not a completion, streamed or not (see the module docstring)."""
+        found = http_verdicts.not_a_completion(200, problem)
+        failure = http_verdicts.failure_for(found, f"shard {shard.name}")
+        return GenerationUnavailable(safe_message(str(failure)), status=200)
+
+    async def _stream(self, shard: Shard, path: str, payload: Mapping[str, Any], *, chat: bool) -> Completion:
+        """POST with ``stream: true`` and fold the SSE events; each chunk's tokens count as the attempt's progress.
+
+        A stream that stops before ``data: [DONE]`` (connection cut, server died) is GenerationUnavailable: the
+        shard, not the prompt, failed, and nothing of the partial answer is returned.
+        """
+        url = shard.endpoint + path
+        where = f"shard {shard.name} ({redact_url(shard.endpoint)})"
+        assembler = StreamAssembler(chat=chat)
+        limit = self.max_response_bytes
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                async with self._get_session().post(
+                    url, json=payload, timeout=self._timeout, allow_redirects=False
+                ) as response:
+                    status = response.status
+                    if 300 <= status < 400:
+                        raise GenerationUnavailable(redirect_message(where, status, response.headers), status=status)
+                    if status >= 400 or status < 200:
+                        body = await self._read_bounded(response, where)
+                        self._raise_for_status(status, body, where, response.headers)
+                    read = 0
+                    async for line in response.content:
+                        read += len(line)
+                        if read > limit:
+                            raise GenerationUnavailable(f"{where}: response larger than {limit} bytes", status=status)
+                        if not line.startswith(b"data:"):
+                            continue  # blank separators, comments (": ping"), event/id fields
+                        tokens = assembler.add(line[5:].strip().decode("utf-8", errors="replace"))
+                        if tokens:
+                            report_progress(tokens)
+                        if assembler.done:
+                            break
+        except TimeoutError as exc:
+            raise RolloutTimeout(f"{where} did not finish streaming within {self.timeout_seconds:g} s") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+            raise GenerationUnavailable(safe_message(f"{where}: stream cut: {type(exc).__name__}: {exc}")) from exc
+        except aiohttp.ClientResponseError as exc:
+            message = safe_message(f"{where}: invalid HTTP response: {exc.message}")
+            raise GenerationUnavailable(message, status=exc.status) from exc
+        except MalformedCompletion as exc:
+            raise self._not_a_completion(shard, str(exc)) from exc
+        if not assembler.done:
+            raise GenerationUnavailable(f"{where}: the stream ended before data: [DONE]", status=status)
+        try:
+            return assembler.result(shard=shard.name, model=shard.model)
+        except MalformedCompletion as exc:
+            raise self._not_a_completion(shard, str(exc)) from exc

@@ -165,6 +165,8 @@ def completion_problem(payload: Any, *, chat: bool) -> str | None:
     if chat:
         message = choice.get("message")
         text = message.get("content") if isinstance(message, dict) else None
+        if text is None and isinstance(message, dict) and message.get("tool_calls"):
+            return None  # an answer that is only a tool call has no content
     else:
         text = choice.get("text")
     if not isinstance(text, str):

@@ -41,7 +41,7 @@ async def test_local_source_is_a_shard_source() -> None:
 
 async def test_shards_join_the_set_only_after_success_threshold_probe_rounds() -> None:
     async with SimFleet(2) as fleet:
-        source = LocalShardSource(fleet.shards, FAST)
+        source = LocalShardSource(fleet.shards, FAST.model_copy(update={"check_model": True}))
         seen: list[HealthySet] = []
         async with contextlib.aclosing(source.snapshots()) as snapshots:
             full = await until(snapshots, lambda s: len(s.shards) == 2, seen)
@@ -84,7 +84,7 @@ async def test_hung_shard_leaves_the_set_on_probe_timeouts() -> None:
 
 async def test_a_shard_serving_the_wrong_model_never_joins() -> None:
     async with SimFleet(2, faults={"shard-1": SimFaults(wrong_model="impostor")}) as fleet:
-        source = LocalShardSource(fleet.shards, FAST)
+        source = LocalShardSource(fleet.shards, FAST.model_copy(update={"check_model": True}))
         seen: list[HealthySet] = []
         async with contextlib.aclosing(source.snapshots()) as snapshots:
             # Each target has its own probe timer: shard-1 may fail out before shard-0 has joined, so wait for both.

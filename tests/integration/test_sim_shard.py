@@ -119,7 +119,6 @@ async def test_over_long_chat_without_max_tokens_gets_the_messages_only_wording(
         (b"[1, 2]", "must be a JSON object"),
         (b'{"prompt": 5}', "prompt must be"),
         (b'{"prompt": "x", "max_tokens": -1}', "max_tokens must be"),
-        (b'{"prompt": "x", "stream": true}', "stream=true"),
     ],
 )
 async def test_bad_requests_get_a_json_400_never_a_stack_trace(
@@ -249,7 +248,10 @@ json_values = st.recursive(
 )
 request_bodies = st.dictionaries(
     st.sampled_from(
-        ["prompt", "messages", "max_tokens", "n", "model", "stream", "temperature", "max_completion_tokens"]
+        [
+            *("prompt", "messages", "max_tokens", "n", "model", "stream", "temperature", "max_completion_tokens"),
+            *("logprobs", "top_logprobs", "prompt_logprobs", "return_token_ids", "stream_options"),
+        ]
     ),
     json_values,
     max_size=5,
@@ -263,6 +265,11 @@ async def test_any_json_request_gets_a_completion_or_a_json_client_error(
 ) -> None:
     """Invariant: whatever JSON a client sends, the shard answers 200 or a 4xx in vLLM's error shape; never 5xx."""
     async with http.post(shard_url + path, json=body) as response:
+        if response.content_type == "text/event-stream":
+            events = (await response.read()).split(b"\n\n")
+            assert response.status == 200
+            assert events[-2] == b"data: [DONE]"
+            return
         payload = await response.json(content_type=None)
     assert response.status == 200 or (400 <= response.status < 500 and payload["object"] == "error")
 

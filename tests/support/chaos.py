@@ -144,7 +144,7 @@ class ScenarioConfig:
     policy: dict[str, Any] = field(default_factory=dict)
     probe: ProbeSettings = field(
         default_factory=lambda: ProbeSettings(
-            period_seconds=0.5, timeout_seconds=0.4, failure_threshold=2, success_threshold=2
+            period_seconds=0.5, timeout_seconds=0.4, failure_threshold=2, success_threshold=2, check_model=True
         )
     )
 

@@ -27,10 +27,10 @@ def _crd_policy() -> dict[str, Any]:
 
 def test_the_runtime_reads_every_policy_field_the_crd_stores() -> None:
     schema = _crd_policy()
-    stored = {**schema["default"], "maxConcurrency": 4}
+    stored = {**schema["default"], "maxConcurrency": 4, "hedgeFactor": 3}
     assert set(stored) == set(schema["properties"])
     policy = DispatchPolicy.from_fleet(stored)
-    assert policy == DispatchPolicy(attempt_timeout_seconds=300, max_concurrency=4)
+    assert policy == DispatchPolicy(attempt_timeout_seconds=300, max_concurrency=4, hedge_factor=3)
 
 
 async def test_the_shard_source_reads_the_fleet_policy_and_refuses_fields_it_does_not_know() -> None:

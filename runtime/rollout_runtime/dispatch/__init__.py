@@ -31,7 +31,9 @@ from rollout_runtime.dispatch.outcomes import (
     StallDetected,
 )
 from rollout_runtime.dispatch.policy import DispatchPolicy
+from rollout_runtime.dispatch.progress import report_progress
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
+from rollout_runtime.dispatch.session import DispatchSession, SessionClosed
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "DispatchEvent",
     "DispatchPolicy",
     "DispatchRun",
+    "DispatchSession",
     "Dispatcher",
     "Ejection",
     "EjectionTracker",
@@ -58,6 +61,7 @@ __all__ = [
     "RetryDecision",
     "Rollout",
     "RunStats",
+    "SessionClosed",
     "ShardEjected",
     "ShardLoad",
     "ShardRestored",
@@ -69,5 +73,6 @@ __all__ = [
     "decide",
     "max_ejectable",
     "pick_shard",
+    "report_progress",
     "watch",
 ]

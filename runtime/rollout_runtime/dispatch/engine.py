@@ -38,7 +38,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -52,6 +52,7 @@ from rollout_runtime.dispatch.budget import (
     decide,
 )
 from rollout_runtime.dispatch.clock import Clock, LoopClock
+from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
 from rollout_runtime.dispatch.outcomes import (
@@ -69,6 +70,7 @@ from rollout_runtime.dispatch.outcomes import (
     StallDetected,
 )
 from rollout_runtime.dispatch.policy import DispatchPolicy
+from rollout_runtime.dispatch.progress import bind_progress, unbind_progress
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
 from rollout_runtime.dispatch.share import Shares
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
@@ -85,6 +87,9 @@ from rollout_runtime.failures import (
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource, fleet_identity
 
+if TYPE_CHECKING:
+    from rollout_runtime.dispatch.session import DispatchSession
+
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
 log = logging.getLogger("rollout_runtime.dispatch")
@@ -100,6 +105,10 @@ class _Attempt:
     task: asyncio.Task[Any]
     cancelling: int
     evicted: bool = False
+    stalled: float | None = None
+    """Set to the quiet time allowed when the progress watchdog abandoned the attempt."""
+    won_on: _Slot | None = None
+    """The hedge's shard, when a hedged second attempt answered first."""
 
 
 @dataclass(slots=True, eq=False)
@@ -562,6 +571,7 @@ class Dispatcher:
         self._evidence = blame.Evidence()
         self._shares = Shares()
         self._slots: dict[str, _Slot] = {}
+        self._timings: dict[str, ShardTimings] = {}
         self._routable: list[_Slot] = []
         self._panic = False
         self._cursor = 0
@@ -656,6 +666,54 @@ class Dispatcher:
         self._runs.add(run)
         return run
 
+    def session(self, rollout: Rollout[P, R]) -> DispatchSession[P, R]:
+        """A long-lived online session: ``submit(prompt)`` one at a time, sharing budgets, the stall watchdog,
+        ejection state and stats (see :mod:`rollout_runtime.dispatch.session`). Close it (``async with``) when done.
+        """
+        from rollout_runtime.dispatch.session import DispatchSession
+
+        if not self._entered or self._follower is None:
+            raise RuntimeError("use the Dispatcher as `async with Dispatcher(...) as dispatcher:` before session()")
+        session: DispatchSession[P, R] = DispatchSession(self, rollout)
+        self._runs.add(session)
+        return session
+
+    async def wait_ready(self, min_shards: int = 1, timeout: float | None = None) -> tuple[str, ...]:  # noqa: ASYNC109
+        """Wait until at least ``min_shards`` shards are routable; return their names.
+
+        Raises :class:`NoHealthyShards` after ``timeout`` seconds (None: wait forever), naming the shards the
+        source knows and why they are not ready when the source can say (:meth:`not_ready_reasons`).
+        """
+        if min_shards < 1:
+            raise ValueError(f"min_shards must be >= 1, got {min_shards}")
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self._routable) < min_shards:
+                    await self._changed.wait()
+        except TimeoutError:
+            raise NoHealthyShards(self._not_ready_message(min_shards, timeout)) from None
+        return self.routable
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        """Shard name -> why it is not in the healthy set, from a source that knows (``not_ready_reasons()``)."""
+        reasons = getattr(self._source, "not_ready_reasons", None)
+        if reasons is None:
+            return {}
+        try:
+            return dict(reasons())
+        except Exception:
+            log.exception("shard source failed to say why shards are not ready")
+            return {}
+
+    def _not_ready_message(self, min_shards: int, timeout: float | None) -> str:
+        routable = len(self._routable)
+        waited = "" if timeout is None else f", after {timeout:g}s"
+        message = f"{routable} routable shard(s), {min_shards} needed{waited}"
+        reasons = self.not_ready_reasons()
+        if reasons:
+            message += "; not ready: " + "; ".join(f"{name}: {why}" for name, why in sorted(reasons.items())[:10])
+        return message
+
     # -- the attempt loop -----------------------------------------------------------------------------------
 
     @property
@@ -728,13 +786,14 @@ class Dispatcher:
         evicted = False
         result: Any = None
         deadline: asyncio.Timeout | None = None
+        watch = self._attempt_clock(slot.name, started)
         try:
             try:
                 if timeout is None:
-                    result = await run.rollout(slot.shard, state.prompt)
+                    result = await self._hedged(run, slot, state, record, watch)
                 else:
                     async with asyncio.timeout(timeout) as deadline:
-                        result = await run.rollout(slot.shard, state.prompt)
+                        result = await self._hedged(run, slot, state, record, watch)
             except asyncio.CancelledError as exc:
                 if task.cancelling() <= record.cancelling:
                     failure = exc  # raised by the rollout itself (an inner task's cancellation), not by us: a failure
@@ -752,6 +811,12 @@ class Dispatcher:
                 failure = exc
                 if deadline is not None and deadline.expired():
                     failure = RolloutTimeout(f"attempt exceeded {timeout:g}s on shard {slot.name}")
+                    failure.__cause__ = exc
+                elif record.stalled is not None:
+                    quiet = "no token" if watch is not None and watch.tokens else "no answer or first token"
+                    failure = RolloutTimeout(
+                        f"{quiet} for {record.stalled:.3g}s on shard {slot.name} (its recent timings allow that much)"
+                    )
                     failure.__cause__ = exc
             except BaseException as exc:  # GeneratorExit, a library's own BaseException: this attempt failed
                 failure = exc
@@ -771,15 +836,137 @@ class Dispatcher:
             state.last_failed = slot.name
             run.requeue(state, 0.0)
         elif failure is not None:
-            self._failed(run, state, slot, failure, seconds)
+            self._failed(run, state, slot, failure, seconds, immediate=record.stalled is not None)
         else:
-            accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
-            self._evidence.succeeded(slot.name, state.prompt_id)
-            slot.weight = slot.shard.weight * self._shares.served(slot.name)
+            if watch is not None and record.won_on is None:
+                watch.succeeded(clock())
+            winner = record.won_on if record.won_on is not None else slot
+            shard = winner.name
+            accounts.attempt_ended("success", state.prompt_id, shard, seconds)
+            self._evidence.succeeded(shard, state.prompt_id)
+            winner.weight = winner.shard.weight * self._shares.served(shard)
             if self._completions is not None:
-                self._completions.attempt_succeeded(slot.name)
+                self._completions.attempt_succeeded(shard)
             attempts = state.budget.attempts + 1
-            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
+            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, shard))
+
+    def _attempt_clock(self, shard: str, started: float) -> AttemptClock | None:
+        """The attempt's progress deadlines from its shard's recent timings; None without the watchdog or hedging."""
+        policy = self.policy
+        if not policy.progress_watchdog and policy.hedge_factor is None:
+            return None
+        timings = self._timings.get(shard)
+        if timings is None:
+            timings = self._timings[shard] = ShardTimings()
+        return AttemptClock(
+            timings,
+            started,
+            factor=policy.progress_factor,
+            floor=policy.progress_floor_seconds,
+            cap=policy.progress_cap_seconds,
+        )
+
+    async def _call(
+        self, run: DispatchRun[Any, Any], slot: _Slot, state: _PromptState, record: _Attempt, watch: AttemptClock | None
+    ) -> Any:
+        """``rollout(shard, prompt)``, watched for progress when the policy asks: the rollout reports tokens through
+        :func:`~rollout_runtime.dispatch.progress.report_progress`; a quiet spell past the deadline ends the call
+        with TimeoutError and sets ``record.stalled``."""
+        if watch is None or not self.policy.progress_watchdog:
+            return await run.rollout(slot.shard, state.prompt)
+        loop, now = self._loop, self.clock.monotonic
+        quiet = asyncio.timeout(None)
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal handle
+            moment = now()
+            if watch.stalled(moment):
+                record.stalled = watch.allowed
+                quiet.reschedule(loop.time())
+            else:
+                handle = loop.call_later(watch.due() - moment, check)
+
+        token = bind_progress(lambda tokens: watch.progress(now(), tokens))
+        try:
+            async with quiet:
+                handle = loop.call_later(watch.allowed, check)
+                return await run.rollout(slot.shard, state.prompt)
+        finally:
+            unbind_progress(token)
+            if handle is not None:
+                handle.cancel()
+
+    async def _hedged(
+        self, run: DispatchRun[Any, Any], slot: _Slot, state: _PromptState, record: _Attempt, watch: AttemptClock | None
+    ) -> Any:
+        """:meth:`_call`, plus opt-in hedging: still running after the shard's p99 latency x ``hedge_factor``, a
+        second attempt starts on another shard; the first answer wins and the other is cancelled (wasted)."""
+        factor = self.policy.hedge_factor
+        timings = self._timings.get(slot.name)
+        p99 = timings.latency.quantile(0.99) if factor is not None and timings is not None else None
+        if p99 is None or factor is None:
+            return await self._call(run, slot, state, record, watch)
+        primary = asyncio.ensure_future(self._call(run, slot, state, record, watch))
+        try:
+            done, _ = await asyncio.wait({primary}, timeout=p99 * factor)
+            if done:
+                return primary.result()
+            self._cursor += 1
+            other = pick_shard(self._routable, start=self._cursor, last_failed=slot.name, tried=state.tried)
+            if other is None or other is slot:
+                return await primary
+            return await self._race(run, state, primary, slot, other, record)
+        finally:
+            if not primary.done():
+                primary.cancel()
+                with contextlib.suppress(BaseException):
+                    await primary
+
+    async def _race(
+        self,
+        run: DispatchRun[Any, Any],
+        state: _PromptState,
+        primary: asyncio.Future[Any],
+        slot: _Slot,
+        other: _Slot,
+        record: _Attempt,
+    ) -> Any:
+        """Run the hedge on ``other`` against ``primary``: the first success wins; if one fails, wait for the other;
+        if both fail, the primary's failure is the attempt's. The extra attempt is accounted as a cancelled one, on the
+        loser's shard (the winner's is the attempt's own outcome)."""
+        accounts, clock = run.accounts, self.clock.monotonic
+        hedge = asyncio.ensure_future(run.rollout(other.shard, state.prompt))
+        hedge_record = _Attempt(hedge, 0)
+        other.outstanding += 1
+        other.attempts.add(hedge_record)  # an eviction of the hedge's shard cancels the hedge only
+        accounts.attempt_started()
+        run.stats.hedges += 1
+        if other.name not in state.tried:
+            state.tried.append(other.name)
+        started = clock()
+        try:
+            pending: set[asyncio.Future[Any]] = {primary, hedge}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                winner = next((t for t in done if not t.cancelled() and t.exception() is None), None)
+                if winner is not None:
+                    if pending:
+                        run.stats.hedges_wasted += 1
+                    if winner is hedge:
+                        record.won_on = other
+                    return winner.result()
+            return primary.result()  # both failed: raise the primary's failure
+        finally:
+            if not hedge.done():
+                hedge.cancel()
+                with contextlib.suppress(BaseException):
+                    await hedge
+            other.outstanding -= 1
+            other.attempts.discard(hedge_record)
+            accounts.attempt_stopped()
+            loser = slot.name if record.won_on is other else other.name
+            accounts.attempt_ended("cancelled", state.prompt_id, loser, clock() - started)
 
     def _failed(
         self,
@@ -788,7 +975,10 @@ class Dispatcher:
         slot: _Slot | None,
         exc: BaseException,
         seconds: float | None,
+        *,
+        immediate: bool = False,
     ) -> None:
+        """``immediate``: a retry goes back at once, without backoff (the watchdog already waited)."""
         diagnosis = diagnose(exc)
         sig = blame.signature(diagnosis, slot.name, slot.shard.endpoint) if slot is not None else None
         verdict = blame.Verdict(blame.Blame.FIRST_VERDICT)
@@ -855,7 +1045,7 @@ class Dispatcher:
         elif answered and isinstance(decision, RetryDecision):
             run.requeue(state, 0.0)  # the shard answered: the fleet is up, and the retry goes to another shard
         else:
-            run.requeue(state, decision.delay_seconds)
+            run.requeue(state, 0.0 if immediate else decision.delay_seconds)
 
     def _refund(self, state: _PromptState) -> None:
         """Data charges made by shards since judged sick for that same failure do not count against the prompt."""
@@ -878,10 +1068,11 @@ class Dispatcher:
         """No routable shard for a whole healthy wait: the run ends now, whatever the budgets, instead of charging
         every prompt its infra budget against an empty fleet (memory and time that grow with the prompt count)."""
         waited = self.policy.healthy_wait_seconds
-        cause = NoHealthyShards(f"no routable shard within {waited:g}s")
+        why = self._not_ready_message(1, waited)
+        cause = NoHealthyShards(f"no routable shard within {waited:g}s: {why}")
         run.accounts.attempt_ended("infra_failure", state.prompt_id, None, None, diagnose(cause))
         error = RolloutRedispatchExhausted(
-            f"no routable shard for {waited:g}s (healthy_wait_seconds): the fleet has no healthy shard to run on"
+            f"no routable shard for {waited:g}s (healthy_wait_seconds): the fleet has no healthy shard to run on: {why}"
         )
         error.__cause__ = cause
         log.error("%s", error)

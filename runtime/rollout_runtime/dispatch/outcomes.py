@@ -92,6 +92,10 @@ class RunStats:
     ejections: int = 0
     stalls: int = 0
     in_flight: int = 0
+    hedges: int = 0
+    """Second attempts started by hedging (``DispatchPolicy.hedge_factor``); each also counts as an attempt."""
+    hedges_wasted: int = 0
+    """Hedged pairs whose loser was cancelled after the winner answered: the price of hedging."""
 
     @property
     def attempts(self) -> int:

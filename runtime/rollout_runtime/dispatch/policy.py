@@ -34,6 +34,7 @@ POLICY_RULES: Final[tuple[Comparison, ...]] = (
     Comparison("stall_check_seconds", "<=", "stall_deadline_seconds", "or a stall can go unseen"),
     Comparison("backoff_max_seconds", ">=", "backoff_initial_seconds"),
     Comparison("ejection_max_seconds", ">=", "ejection_base_seconds"),
+    Comparison("progress_cap_seconds", ">=", "progress_floor_seconds"),
 )
 """The cross-field rules: checked at construction here and, as CEL, by the API server on a RolloutFleet."""
 
@@ -85,6 +86,21 @@ class DispatchPolicy(BaseModel):
     """How often the stall watchdog looks; at least 10 ms, since a check every 1e-300 s is a busy loop."""
     stall_action: Literal["warn", "abort"] = "warn"
     """On a stall: log and count it (warn), or end the run with RolloutStall (abort)."""
+
+    progress_watchdog: bool = False
+    """Abandon an attempt whose shard went quiet longer than its own recent timings allow: no token (streamed) or
+    no answer (not streamed) for ``progress_factor`` x the shard's p99 gap, clamped to the floor and cap. The attempt
+    fails as RolloutTimeout, the shard is suspected (ejected per the ejection fields) and the prompt is redispatched
+    at once."""
+    progress_factor: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] = 8.0
+    """Multiple of a shard's recent p99 inter-token gap (or time to first progress) an attempt may stay quiet."""
+    progress_floor_seconds: _PositiveSeconds = 1.0
+    """The progress deadline is never shorter than this (a fast shard's jitter is not a stall)."""
+    progress_cap_seconds: _PositiveSeconds = 60.0
+    """The progress deadline is never longer than this; a shard with too few timings gets exactly this."""
+    hedge_factor: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] | None = None
+    """Opt-in hedging: an attempt still running after its shard's p99 latency x this starts a second attempt on
+    another shard; the first answer wins, the other is cancelled and counted in ``RunStats.hedges_wasted``."""
 
     failure_ledger_path: Path | None = None
     """JSON-lines file that receives every data-failed (and skipped) prompt; None keeps no ledger."""

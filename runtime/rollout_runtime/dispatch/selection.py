@@ -1,21 +1,34 @@
 """Shard selection: weighted least outstanding requests, steering retries away from the shards that failed.
 
-Pure: takes the candidates' current load and returns a choice. One pass over the eligible shards per attempt
-(O(shards), no allocation on the common path): fleets are tens to hundreds of shards, and a heap would have to
-be re-keyed on every attempt start and finish, which costs more than the scan it saves.
+Pure: takes the candidates' current load and returns a choice. Two regimes, one rule ("lowest outstanding /
+weight, never the shard that just failed this prompt while another exists, untried before tried"):
+
+- up to :data:`EXACT_SCAN_MAX` candidates, an exact scan: the least loaded shard, ties round-robin from ``start``;
+- beyond, power-of-two-choices (Envoy's least-request balancer; Mitzenmacher's result that two random choices
+  give an exponentially better maximum load than one): a few candidates drawn with probability proportional to
+  their weight, the least loaded of them. Cost per attempt no longer grows with the fleet; the draws are a
+  deterministic function of ``start``, so a caller that advances it gets reproducible choices.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from rollout_runtime.shards.model import Shard
 
-__all__ = ["ShardLoad", "pick_shard"]
+__all__ = ["EXACT_SCAN_MAX", "ShardLoad", "pick_shard"]
 
 L = TypeVar("L", bound="ShardLoad")
+
+EXACT_SCAN_MAX: Final[int] = 8
+"""Fleets up to this size are scanned exactly (the scan is cheaper than sampling there)."""
+_DRAWS: Final[int] = 2
+_EXTRA_DRAWS: Final[int] = 4
+"""Further draws, one at a time, while every drawn candidate is one this prompt already tried."""
+_MASK: Final[int] = (1 << 64) - 1
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +45,11 @@ class ShardLoad:
         self.weight = self.shard.weight
 
 
+def _load(candidate: ShardLoad) -> float:
+    """The one definition of a candidate's load (what a backpressure signal would scale)."""
+    return candidate.outstanding / candidate.weight
+
+
 def pick_shard(
     candidates: Sequence[L],
     *,
@@ -42,13 +60,21 @@ def pick_shard(
     """Choose the candidate with the lowest ``outstanding / weight``; None when there are no candidates.
 
     Preference, strongest first: never the shard that failed this prompt last while any other candidate
-    exists; then a shard not yet tried for this prompt; then the lowest weighted load. Ties go to the first
-    candidate at or after ``start`` (wrapping), so a caller that advances ``start`` on every pick gets
-    round-robin among equally loaded shards, deterministically.
+    exists; then a shard not yet tried for this prompt; then the lowest weighted load. Up to
+    :data:`EXACT_SCAN_MAX` candidates the choice is exact and ties go to the first candidate at or after
+    ``start`` (wrapping), so advancing ``start`` on every pick gives round-robin among equally loaded shards.
+    Beyond, it is the best of weighted random draws seeded by ``start`` (see the module docstring).
     """
     count = len(candidates)
     if count == 0:
         return None
+    if count <= EXACT_SCAN_MAX:
+        return _scan(candidates, start, last_failed, tried)
+    return _two_choices(candidates, start, last_failed, tried)
+
+
+def _scan(candidates: Sequence[L], start: int, last_failed: str | None, tried: Collection[str]) -> L:
+    count = len(candidates)
     best: L | None = None
     best_penalty = 3
     best_load = 0.0
@@ -61,7 +87,72 @@ def pick_shard(
                 penalty = 2
             elif candidate.name in tried:
                 penalty = 1
-        load = candidate.outstanding / candidate.weight
+        load = _load(candidate)
         if penalty < best_penalty or (penalty == best_penalty and load < best_load):
             best, best_penalty, best_load = candidate, penalty, load
+    assert best is not None
+    return best
+
+
+class _Weights:
+    """Cumulative weights of the last candidate list seen (the engine rebuilds its list when the fleet changes,
+    so one entry, checked by identity and length, serves every pick in between)."""
+
+    __slots__ = ("candidates", "cumulative", "equal", "total")
+
+    def __init__(self) -> None:
+        self.candidates: Sequence[ShardLoad] | None = None
+        self.cumulative: list[float] = []
+        self.total = 0.0
+        self.equal = True
+
+    def of(self, candidates: Sequence[ShardLoad]) -> _Weights:
+        if self.candidates is not candidates or len(self.cumulative) != len(candidates):
+            running = 0.0
+            cumulative = []
+            for candidate in candidates:
+                running += candidate.weight
+                cumulative.append(running)
+            first = candidates[0].weight
+            self.candidates, self.cumulative, self.total = candidates, cumulative, running
+            self.equal = all(c.weight == first for c in candidates)
+        return self
+
+
+_WEIGHTS = _Weights()
+
+
+def _mix(value: int) -> int:
+    """splitmix64: a well-spread 64-bit value from a counter."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
+    return value ^ (value >> 31)
+
+
+def _two_choices(candidates: Sequence[L], start: int, last_failed: str | None, tried: Collection[str]) -> L:
+    count = len(candidates)
+    weights = _WEIGHTS.of(candidates)
+    best: L | None = None
+    best_penalty = 3
+    best_load = 0.0
+    seed = start * (_DRAWS + _EXTRA_DRAWS)
+    for draw in range(_DRAWS + _EXTRA_DRAWS):
+        if draw >= _DRAWS and best_penalty == 0:
+            break
+        bits = _mix(seed + draw)
+        if weights.equal:
+            index = bits % count
+        else:
+            point = (bits >> 11) * (1.0 / (1 << 53)) * weights.total
+            index = min(count - 1, bisect.bisect_right(weights.cumulative, point))
+        candidate = candidates[index]
+        penalty = 2 if candidate.name == last_failed else 1 if candidate.name in tried else 0
+        load = _load(candidate)
+        if penalty < best_penalty or (penalty == best_penalty and load < best_load):
+            best, best_penalty, best_load = candidate, penalty, load
+    assert best is not None
+    if best_penalty == 2:  # every draw hit the shard that just failed: any other one will do
+        index = candidates.index(best)
+        best = candidates[(index + 1) % count]
     return best

@@ -37,9 +37,10 @@ with ``failure_threshold`` 1 there is no window (one failed probe, a timeout inc
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -58,6 +59,7 @@ __all__ = [
     "Transition",
 ]
 
+DEFAULT_PROBE_TIMEOUT_SECONDS: Final[float] = 2.0
 MAX_PROBE_MESSAGE_CHARS: Final[int] = 512
 """Bound on a probe message: it lands in a CR status and in logs, never in a metric label."""
 
@@ -123,12 +125,26 @@ class ProbeSettings(BaseModel):
     """Health endpoint path relative to the target's base URL (no query, no fragment)."""
     period_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     """Seconds between probe starts."""
-    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
-    """Deadline for one whole probe (health plus model check); must be less than the period."""
+    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_PROBE_TIMEOUT_SECONDS
+    """Deadline for one whole probe (health plus model check); must be less than the period. Given only a period,
+    it follows the period: the smaller of 2 s and half the period."""
     failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 3
     """Consecutive failed probes that make a target Unhealthy (out of the healthy set)."""
     success_threshold: Annotated[int, Field(ge=1, le=1000)] = 2
     """Consecutive successful probes that make a Pending, Suspect or Unhealthy target Healthy."""
+    check_model: bool = False
+    """Also GET ``/v1/models`` and require the shard's model in it. Off by default for a runtime-probed shard (a
+    server may not serve that path, or only when idle); a GenerationShard in a cluster defaults it on."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_follows_period(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            period = data.get("period_seconds", data.get("periodSeconds"))
+            if period is not None and "timeout_seconds" not in data and "timeoutSeconds" not in data:
+                with contextlib.suppress(TypeError, ValueError):
+                    data = {**data, "timeout_seconds": min(DEFAULT_PROBE_TIMEOUT_SECONDS, float(period) / 2)}
+        return data
 
     @field_validator("path")
     @classmethod
@@ -143,6 +159,7 @@ class ProbeSettings(BaseModel):
 PROBE_IN_CLUSTER: Final[ClusterView] = ClusterView(
     scope="probe",
     rules=PROBE_RULES,
+    defaults={"check_model": True},
     minimum={"period_seconds": 0.05, "timeout_seconds": 0.01},
     schema={
         "path": {

@@ -30,7 +30,7 @@ from rollout_runtime.health.hysteresis import ProbeReason, ProbeResult, ProbeSet
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy
 from rollout_runtime.redaction import redact_secrets, redirect_message, safe_message
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MODELS_PATH", "HttpProber", "Prober", "check_model_list"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MODELS_PATH", "HttpProber", "Prober", "check_model_list", "status_hint"]
 
 DEFAULT_MAX_BODY_BYTES: Final[int] = 64 * 1024
 MODELS_PATH: Final[str] = "/v1/models"
@@ -84,6 +84,16 @@ class _PolicyResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+def status_hint(url: str, status: int, settings: ProbeSettings) -> str:
+    """What to change when a probe path answers 404/405: the message must say how to fix it, not only that it
+    failed (a shard that never becomes healthy is otherwise a mystery)."""
+    if status not in (404, 405):
+        return ""
+    if url.endswith(MODELS_PATH) and settings.path != MODELS_PATH:
+        return ": the server has no /v1/models; set probe.check_model to false (ProbeSettings(check_model=False))"
+    return f": set probe.path to the server's health endpoint (ProbeSettings(path=...); now {settings.path!r})"
 
 
 def check_model_list(body: bytes, expected_model: str) -> tuple[ProbeReason, str] | None:
@@ -200,7 +210,8 @@ class HttpProber:
                 raise _Failed(ProbeReason.REDIRECT, redirect_message(where, status, response.headers), status)
             if not 200 <= status < 300:
                 reason = safe_message(response.reason or "", 200)
-                raise _Failed(ProbeReason.STATUS, f"GET {url[:200]} answered {status} {reason}", status)
+                message = f"GET {url[:200]} answered {status} {reason}{status_hint(url, status, settings)}"
+                raise _Failed(ProbeReason.STATUS, message, status)
             body = await self._read_bounded(response, url)
             return status, body
 

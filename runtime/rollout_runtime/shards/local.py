@@ -62,11 +62,25 @@ class LocalShardSource:
             raise ValueError("pass either a prober or a policy for the default prober, not both")
         self._iterating = False
         self._monitor = HealthMonitor(
-            (ProbeTarget(s.name, s.endpoint, self.settings, s.model or None) for s in self._shards),
+            (ProbeTarget(s.name, s.endpoint, self.settings, self._checked_model(s)) for s in self._shards),
             prober,
             on_transition=on_transition,
             max_concurrency=max_concurrency,
         )
+
+    def _checked_model(self, shard: Shard) -> str | None:
+        """The model the probe requires in ``/v1/models``: only with ``settings.check_model`` (never implied)."""
+        return shard.model or None if self.settings.check_model else None
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        """Shard name -> why it is not serving (its phase and latest probe failure), for errors and logs."""
+        reasons: dict[str, str] = {}
+        for name, state in self._monitor.states.items():
+            if state.serving:
+                continue
+            why = state.last_error or "no probe has completed yet"
+            reasons[name] = f"{state.phase.value}: {why}"
+        return reasons
 
     @property
     def shards(self) -> tuple[Shard, ...]:

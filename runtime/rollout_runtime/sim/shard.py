@@ -31,6 +31,8 @@ from typing import Annotated, Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rollout_runtime.sim.tokens import choice_token_fields, prompt_logprobs, sse_event, stream_chunks
+
 __all__ = [
     "READY_PREFIX",
     "SimFaults",
@@ -81,6 +83,8 @@ class SimFaults(BaseModel):
     """Exit the process at once (via the admin endpoint: right after answering)."""
     crash_after_requests: Annotated[int, Field(ge=1)] | None = None
     """Exit the process on the Nth generation request from now, without answering it."""
+    token_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
+    """Pause between streamed chunks (``stream: true``), so a stream is in progress long enough to be stopped."""
 
     @model_validator(mode="after")
     def _named_model(self) -> SimFaults:
@@ -196,6 +200,22 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, *, minimum:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _BadRequest(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _check_token_options(body: dict[str, Any], *, chat: bool) -> None:
+    """The token-level options in vLLM's types, or a 400 that names the field (never a 500 later)."""
+    if chat:
+        if not isinstance(body.get("logprobs", False), bool | None):
+            raise _BadRequest("logprobs must be a boolean on /v1/chat/completions")
+        _int_field(body, "top_logprobs", None, minimum=0)
+    else:
+        _int_field(body, "logprobs", None, minimum=0)
+    _int_field(body, "prompt_logprobs", None, minimum=0)
+    for name in ("stream", "return_token_ids", "return_tokens_as_token_ids"):
+        if not isinstance(body.get(name, False), bool | None):
+            raise _BadRequest(f"{name} must be a boolean")
+    if not isinstance(body.get("stream_options", {}), dict | None):
+        raise _BadRequest("stream_options must be an object")
 
 
 class SimShard:
@@ -361,8 +381,7 @@ class SimShard:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
         self._check_model(body)
-        if body.get("stream"):
-            raise _BadRequest("stream=true is not supported by the simulated shard")
+        _check_token_options(body, chat=False)
         raw_prompt = body.get("prompt")
         prompts: list[str]
         if isinstance(raw_prompt, str):
@@ -397,15 +416,16 @@ class SimShard:
                         "stop_reason": None,
                     }
                 )
-        return await self._respond(
-            request, self._envelope("cmpl", "text_completion", choices, prompt_tokens, completion_tokens)
-        )
+                self._add_token_fields(choices[-1], body, text, prompt, chat=False)
+        envelope = self._envelope("cmpl", "text_completion", choices, prompt_tokens, completion_tokens)
+        if body.get("stream"):
+            return await self._stream(request, envelope, body, chat=False)
+        return await self._respond(request, envelope)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
         self._check_model(body)
-        if body.get("stream"):
-            raise _BadRequest("stream=true is not supported by the simulated shard")
+        _check_token_options(body, chat=True)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise _BadRequest("messages must be a non-empty list of message objects")
@@ -437,9 +457,58 @@ class SimShard:
                     "stop_reason": None,
                 }
             )
-        return await self._respond(
-            request, self._envelope("chatcmpl", "chat.completion", choices, prompt_tokens, completion_tokens)
-        )
+            self._add_token_fields(choices[-1], body, text, None, chat=True)
+        envelope = self._envelope("chatcmpl", "chat.completion", choices, prompt_tokens, completion_tokens)
+        if body.get("prompt_logprobs") is not None:
+            envelope["prompt_logprobs"] = prompt_logprobs(" ".join(texts))
+        if body.get("stream"):
+            return await self._stream(request, envelope, body, chat=True)
+        return await self._respond(request, envelope)
+
+    @staticmethod
+    def _add_token_fields(
+        choice: dict[str, Any], body: dict[str, Any], text: str, prompt: str | None, *, chat: bool
+    ) -> None:
+        """Token ids, logprobs and (completions) prompt logprobs, when the request asked for them as vLLM's does."""
+        choice.update(choice_token_fields(body, text.split(), chat=chat))
+        if prompt is not None and body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(prompt)
+
+    async def _stream(
+        self, request: web.Request, envelope: dict[str, Any], body: dict[str, Any], *, chat: bool
+    ) -> web.StreamResponse:
+        """Answer ``stream: true`` as vLLM does: SSE chunks, a usage chunk if asked, ``data: [DONE]``.
+
+        ``token_delay_seconds`` paces the chunks; a drop fault cuts the stream after half of them.
+        """
+        key = "message" if chat else "text"
+        picked = [
+            ((c[key]["content"] if chat else c[key]).split(), str(c["finish_reason"])) for c in envelope["choices"]
+        ]
+        if not chat and body.get("prompt_logprobs") is not None and envelope["choices"]:
+            envelope["_prompt_logprobs"] = envelope["choices"][0].get("prompt_logprobs")
+        options = body.get("stream_options")
+        usage = envelope["usage"] if isinstance(options, dict) and options.get("include_usage") else None
+        chunks = list(stream_chunks(envelope, picked, body, chat=chat, usage=usage))
+        drop = self.faults.drop_next > 0 or (self.faults.drop_rate and self._random.random() < self.faults.drop_rate)
+        if drop:
+            self.faults.drop_next = max(0, self.faults.drop_next - 1)
+            self.stats["dropped"] += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for index, chunk in enumerate(chunks):
+            if drop and index >= len(chunks) // 2:
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            await response.write(sse_event(chunk))
+            if self.faults.token_delay_seconds:
+                await asyncio.sleep(self.faults.token_delay_seconds)
+        await response.write(sse_event("[DONE]"))
+        self.stats["completions"] += 1
+        self.stats["streams"] += 1
+        await response.write_eof()
+        return response
 
     def _envelope(
         self, id_prefix: str, kind: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
