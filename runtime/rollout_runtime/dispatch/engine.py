@@ -72,6 +72,7 @@ from rollout_runtime.failures import (
 )
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource, fleet_identity
+from rollout_runtime.weights.gate import WeightsVerdict, WeightsView, lag_label, weights_verdict
 
 __all__ = ["DispatchRun", "Dispatcher", "Rollout"]
 
@@ -146,7 +147,7 @@ class _RunFailed:
     error: BaseException
 
 
-AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled"]
+AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled", "stale"]
 
 
 class _Accounts:
@@ -213,6 +214,8 @@ class _Accounts:
             stats.infra_failures += 1
         elif outcome == "data_failure":
             stats.data_failures += 1
+        elif outcome == "stale":
+            stats.stale += 1
         else:
             stats.cancelled += 1
         self._metrics.attempt(outcome, seconds)
@@ -261,6 +264,12 @@ class _Accounts:
                 prompt_preview=preview(outcome.prompt),
             )
         )
+
+    def committed(self, verdict: WeightsVerdict) -> None:
+        """A result is about to be committed: count it by weights version and lag."""
+        by_version = self.stats.committed_by_version
+        by_version[verdict.version] = by_version.get(verdict.version, 0) + 1
+        self._metrics.committed(lag_label(verdict.lag))
 
     def redispatched(self) -> None:
         self.stats.redispatches += 1
@@ -469,6 +478,7 @@ class Dispatcher:
         clock: Clock | None = None,
         seed: int | None = None,
         ledger: FailureLedger | None = None,
+        weights: WeightsView | None = None,
     ) -> None:
         self.policy = policy if policy is not None else DispatchPolicy()
         if metrics is None:
@@ -477,6 +487,9 @@ class Dispatcher:
         self.metrics = metrics
         self._source = source
         self._completions = source if isinstance(source, ReportsCompletions) else None  # passive liveness
+        self._weights = weights if weights is not None else _weights_of(source)  # stale gating (see weights/)
+        if self._weights is not None:
+            self.metrics.stale_shards = self._weights.stale_shards
         self._observer = observer
         self._clock: Clock | None = clock
         self._rng = random.Random(seed)
@@ -645,6 +658,7 @@ class Dispatcher:
         timeout = self.policy.attempt_timeout_seconds
         clock = self.clock.monotonic
         started = clock()
+        started_version = self._weights.version_of(slot.name) if self._weights is not None else None
         failure: BaseException | None = None
         evicted = False
         result: Any = None
@@ -688,12 +702,33 @@ class Dispatcher:
             run.requeue(state, 0.0)
         elif failure is not None:
             self._failed(run, state, slot, failure, seconds)
+        elif not (verdict := self._verdict(slot.name, started_version)).committable:
+            self._stale(run, state, slot.name, seconds, verdict)
         else:
             accounts.attempt_ended("success", state.prompt_id, slot.name, seconds)
             if self._completions is not None:
                 self._completions.attempt_succeeded(slot.name)
             attempts = state.budget.attempts + 1
-            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, slot.name))
+            accounts.committed(verdict)
+            completed = Completed(state.prompt_id, state.prompt, result, attempts, slot.name, verdict.version)
+            run.finish(state, completed)
+
+    def _verdict(self, name: str, started_version: int | None) -> WeightsVerdict:
+        weights = self._weights
+        if weights is None:
+            return WeightsVerdict(True, None, None)
+        answered = weights.version_of(name)
+        return weights_verdict(weights.policy_version, started_version, answered, self.policy.max_weights_lag)
+
+    def _stale(
+        self, run: DispatchRun[Any, Any], state: _PromptState, name: str, seconds: float, verdict: WeightsVerdict
+    ) -> None:
+        """An answer from outside the allowed weights: not committed, redispatched elsewhere, no budget charged."""
+        log.info("prompt %s: answer from shard %s not committed: %s", state.prompt_id, name, verdict.reason)
+        run.accounts.attempt_ended("stale", state.prompt_id, name, seconds)
+        state.budget.evictions += 1
+        state.last_failed = name
+        run.requeue(state, 0.0)
 
     def _failed(
         self,
@@ -841,3 +876,9 @@ class Dispatcher:
             self._observer(event)
         except Exception:
             log.exception("dispatch observer failed on %r", event)
+
+
+def _weights_of(source: object) -> WeightsView | None:
+    """The source's weights view (``source.weights``, as LocalShardSource has), if it offers one."""
+    weights = getattr(source, "weights", None)
+    return weights if isinstance(weights, WeightsView) else None

@@ -86,6 +86,12 @@ class DispatchPolicy(BaseModel):
     stall_action: Literal["warn", "abort"] = "warn"
     """On a stall: log and count it (warn), or end the run with RolloutStall (abort)."""
 
+    max_weights_lag: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """Policy versions a shard's weights may lag the trainer's when its answer arrives for the result to be
+    committed (0: on-policy only). Answers outside it, or from a shard whose weights are unknown or changed
+    mid-attempt, are redispatched as stale attempts (no budget charged). Only applies once the trainer publishes a
+    policy version (rollout_runtime.weights)."""
+
     failure_ledger_path: Path | None = None
     """JSON-lines file that receives every data-failed (and skipped) prompt; None keeps no ledger."""
 
