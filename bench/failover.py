@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from _peers import HAProxy, Nginx, ProxySettings, SendLog
 from rollout_runtime.dispatch import (
+    AttemptEnded,
     Completed,
     Dispatcher,
     DispatchEvent,
@@ -503,7 +504,8 @@ async def drive_weights(aware: bool, scale: Scale, seed: int, refit_every: float
     ``update_weights_from_disk``) and a shard restarted every ``restart_every`` s (it comes back at base weights).
     ``aware``: the dispatcher follows the WeightsTracker (Stale until refit, max_weights_lag 0); otherwise today's
     behaviour, the same updates sent with no version check. A committed result is stale when the version it was
-    produced at (the shard's ``X-Weight-Version``) is not the trainer's version when it was committed."""
+    produced at (the shard's ``X-Weight-Version``, read when the request started) is not the trainer's version at
+    the moment the dispatcher committed it."""
     from rollout_runtime.sim import SimFaults
     from rollout_runtime.weights import SGLangWeightVersion
 
@@ -517,8 +519,17 @@ async def drive_weights(aware: bool, scale: Scale, seed: int, refit_every: float
         source = LocalShardSource(fleet.shards, scale.probe(), identity=identity)
         policy = scale.policy()
         weights = None if aware else _Untracked()  # None: the source's WeightsTracker
-        dispatcher = Dispatcher(source, policy, seed=seed, registry=CollectorRegistry(), weights=weights)
         current = {"version": 0}
+        policy_at_commit: dict[int, int] = {}
+
+        def observe(event: DispatchEvent) -> None:
+            # Emitted synchronously where the dispatcher decides to commit: the trainer's version at that moment.
+            if isinstance(event, AttemptEnded) and event.outcome == "success":
+                policy_at_commit[int(event.prompt_id)] = current["version"]
+
+        dispatcher = Dispatcher(
+            source, policy, seed=seed, registry=CollectorRegistry(), weights=weights, observer=observe
+        )
         stale_committed = 0
         async with aiohttp.ClientSession() as http, dispatcher:
 
@@ -570,7 +581,8 @@ async def drive_weights(aware: bool, scale: Scale, seed: int, refit_every: float
                 async for outcome in run:
                     if isinstance(outcome, Completed):
                         committed += 1
-                        if outcome.result.split("|", 1)[0] != str(current["version"]):
+                        produced_at = outcome.result.split("|", 1)[0]
+                        if produced_at != str(policy_at_commit[int(outcome.prompt_id)]):
                             stale_committed += 1
             finally:
                 train.cancel()

@@ -75,6 +75,12 @@ GENERATION_SHARD: Final = KindInfo(
     printer_columns=(
         _PHASE,
         {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+        {
+            "name": "Weights",
+            "type": "integer",
+            "jsonPath": ".status.weightsVersion",
+            "description": "Weights version of the last successful refit of this instance",
+        },
         _LATENCY,
         _ENDPOINT,
         {"name": "Drain", "type": "boolean", "jsonPath": ".spec.drain", "priority": 1},
@@ -105,6 +111,12 @@ ROLLOUT_FLEET: Final = KindInfo(
             "type": "string",
             "jsonPath": ".status.healthy",
             "description": "Shards in the healthy set / shards selected",
+        },
+        {
+            "name": "Stale",
+            "type": "integer",
+            "jsonPath": ".status.staleShards",
+            "description": "Selected shards restarted since their last refit (no traffic until refit)",
         },
         {
             "name": "Ready",
