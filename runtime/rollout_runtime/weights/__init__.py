@@ -3,6 +3,8 @@
 - :mod:`.gate`: the pure commit decision (:func:`weights_verdict`) and what the dispatcher reads (:class:`WeightsView`).
 - :mod:`.identity`: pluggable instance-identity sources (SGLang, vLLM, ``/metrics`` start time, supplied, outage).
 - :mod:`.tracker`: the trainer's API (:class:`WeightsTracker`: publish, refit, refit_all, identity polling).
+- :mod:`.refitter`: SGLang's ``update_weights_from_disk`` as an update function; :class:`StaleRefitter` refits
+  shards that came back Stale.
 
 The states (Stale, Refitting) live in the one shared health state machine, :mod:`rollout_runtime.health.hysteresis`.
 """
@@ -19,6 +21,7 @@ from rollout_runtime.weights.identity import (
     parse_process_start_time,
     parse_weight_version,
 )
+from rollout_runtime.weights.refitter import StaleRefitter, update_weights_from_disk
 from rollout_runtime.weights.tracker import RefitError, StateHost, WeightsTracker
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "ProcessStartTime",
     "RefitError",
     "SGLangWeightVersion",
+    "StaleRefitter",
     "StateHost",
     "SuppliedIdentity",
     "VllmWeightInfo",
@@ -38,5 +42,6 @@ __all__ = [
     "lag_label",
     "parse_process_start_time",
     "parse_weight_version",
+    "update_weights_from_disk",
     "weights_verdict",
 ]

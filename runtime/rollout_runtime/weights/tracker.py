@@ -100,6 +100,10 @@ class WeightsTracker:
         """Shard -> whether it is Stale or Refitting (restarted or being refit: no traffic)."""
         return {name: state.stale or state.refitting for name, state in self._host.states.items()}
 
+    def host_states(self) -> Mapping[str, HealthState]:
+        """The shards' live states (read-only use)."""
+        return self._host.states
+
     def versions(self) -> dict[str, int | None]:
         return {name: state.weights_version for name, state in self._host.states.items()}
 
