@@ -229,7 +229,6 @@ def fleet_status(
             max_model_len=m.spec.max_model_len if isinstance(m.spec, GenerationShardSpec) else None,
             weight=m.spec.weight,
             last_success_time=rfc3339(m.last_success_at) if m.last_success_at else None,
-            weights_version=m.weights_version,
         )
         for m in healthy_shards
     ]

@@ -261,7 +261,7 @@ class FleetEngine:
         if key not in self._monitor.states:
             return None
         transition = await self._monitor.change_state(key, lambda state: state.observe_instance(identity))
-        self._wake.set()
+        self._weights_changed(key)
         return transition
 
     async def record_refit(
@@ -274,8 +274,14 @@ class FleetEngine:
         transition = await self._monitor.change_state(
             key, lambda state: state.refit_succeeded(version, identity=identity)
         )
-        self._wake.set()
+        self._weights_changed(key)
         return transition
+
+    def _weights_changed(self, key: TargetKey) -> None:
+        """The transition itself is reported in the monitor's next round, like a drain; the fleets (weights
+        versions, staleShards) and the writer learn of the change now."""
+        self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
+        self._wake.set()
 
     def _on_round(self, probe_round: ProbeRound[TargetKey]) -> None:
         for key, result in probe_round.results.items():

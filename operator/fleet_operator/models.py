@@ -371,8 +371,6 @@ class HealthySetEntry(_KubeModel):
     weight: Annotated[float, Field(gt=0)] = 1.0
     last_success_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     """Latest successful probe (heartbeat granularity): the runtime un-ejects a shard a probe vouched for since."""
-    weights_version: Annotated[int, Field(ge=0)] | None = None
-    """The shard's weights version (its last successful refit), when known."""
 
 
 class EnvironmentServerEntry(_KubeModel):
