@@ -80,6 +80,7 @@ GENERATION_SHARD: Final = KindInfo(
             "type": "integer",
             "jsonPath": ".status.weightsVersion",
             "description": "Weights version of the last successful refit of this instance",
+            "priority": 1,
         },
         _LATENCY,
         _ENDPOINT,
@@ -113,16 +114,16 @@ ROLLOUT_FLEET: Final = KindInfo(
             "description": "Shards in the healthy set / shards selected",
         },
         {
-            "name": "Stale",
-            "type": "integer",
-            "jsonPath": ".status.staleShards",
-            "description": "Selected shards restarted since their last refit (no traffic until refit)",
-        },
-        {
             "name": "Ready",
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
             "description": "At least minReadyShards shards are healthy",
+        },
+        {
+            "name": "Stale",
+            "type": "integer",
+            "jsonPath": ".status.staleShards",
+            "description": "Selected shards restarted since their last refit (no traffic until refit)",
         },
         {
             "name": "Envs",
