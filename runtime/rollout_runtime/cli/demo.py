@@ -24,6 +24,8 @@ _PHASE_STYLE = {
     HealthPhase.UNHEALTHY: "red",
     HealthPhase.PENDING: "dim",
     HealthPhase.DRAINING: "blue",
+    HealthPhase.STALE: "magenta",
+    HealthPhase.REFITTING: "cyan",
 }
 
 
