@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from _peers import HAProxy, Nginx, ProxySettings, SendLog
 from rollout_runtime.dispatch import (
+    AttemptEnded,
     Completed,
     Dispatcher,
     DispatchEvent,
@@ -506,6 +508,147 @@ def report(rows: Sequence[Row], scale: Scale) -> None:
         )
 
 
+# -- scenario: weights (restarts plus a refit every N seconds) ---------------------------------------------------
+
+
+@dataclass
+class WeightsRow:
+    mode: str
+    committed: int
+    stale_committed: int
+    stale_attempts: int
+    wall: float
+
+    @property
+    def goodput(self) -> float:
+        """On-policy results committed per second."""
+        return (self.committed - self.stale_committed) / self.wall
+
+
+class _Untracked:
+    """Today's behaviour: no policy version, so every answer commits (a WeightsView that knows nothing)."""
+
+    policy_version = None
+
+    def version_of(self, shard: str) -> None:
+        return None
+
+    def stale_shards(self) -> dict[str, bool]:
+        return {}
+
+
+async def drive_weights(aware: bool, scale: Scale, seed: int, refit_every: float, restart_every: float) -> WeightsRow:
+    """One fleet, one trainer loop (publish v+1 and refit every shard every ``refit_every`` s with SGLang's
+    ``update_weights_from_disk``) and a shard restarted every ``restart_every`` s (it comes back at base weights).
+    ``aware``: the dispatcher follows the WeightsTracker (Stale until refit, max_weights_lag 0); otherwise today's
+    behaviour, the same updates sent with no version check. A committed result is stale when the version it was
+    produced at (the shard's ``X-Weight-Version``, read when the request started) is not the trainer's version at
+    the moment the dispatcher committed it."""
+    from rollout_runtime.sim import SimFaults
+    from rollout_runtime.weights import SGLangWeightVersion
+
+    slow = SimFaults(slow_seconds=scale.latency)
+    names = [f"shard-{i}" for i in range(scale.shards)]
+    prompts = make_prompts(scale.prompts, seed)
+    async with SimFleet(scale.shards, faults=dict.fromkeys(names, slow), seed=seed) as fleet:
+        import aiohttp
+
+        identity = SGLangWeightVersion() if aware else None
+        source = LocalShardSource(fleet.shards, scale.probe(), identity=identity)
+        policy = scale.policy()
+        weights = None if aware else _Untracked()  # None: the source's WeightsTracker
+        current = {"version": 0}
+        policy_at_commit: dict[int, int] = {}
+
+        def observe(event: DispatchEvent) -> None:
+            # Emitted synchronously where the dispatcher decides to commit: the trainer's version at that moment.
+            if isinstance(event, AttemptEnded) and event.outcome == "success":
+                policy_at_commit[int(event.prompt_id)] = current["version"]
+
+        dispatcher = Dispatcher(
+            source, policy, seed=seed, registry=CollectorRegistry(), weights=weights, observer=observe
+        )
+        stale_committed = 0
+        async with aiohttp.ClientSession() as http, dispatcher:
+
+            async def update(name: str, version: int) -> None:
+                body = {"model_path": f"/ckpt/step-{version}", "weight_version": str(version)}
+                async with http.post(f"{fleet.shard(name).endpoint}/update_weights_from_disk", json=body) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"update of {name} answered {r.status}")
+
+            async def refit(version: int) -> None:
+                current["version"] = version  # the trainer's policy from here on, whatever the shards hold
+                if aware:
+                    await source.weights.publish(version)
+                    await source.weights.refit_all(version, lambda name: update(name, version))
+                else:
+                    await asyncio.gather(*(update(name, version) for name in names), return_exceptions=True)
+
+            async def trainer() -> None:
+                version, restarted = 0, 0
+                loop = asyncio.get_running_loop()
+                next_refit, next_restart = loop.time() + refit_every, loop.time() + restart_every
+                while True:
+                    await asyncio.sleep(max(0.0, min(next_refit, next_restart) - loop.time()))
+                    if loop.time() >= next_restart:
+                        await fleet.restart(names[restarted % len(names)], faults=slow)
+                        restarted += 1
+                        next_restart += restart_every
+                    if loop.time() >= next_refit:
+                        version += 1
+                        await refit(version)
+                        next_refit += refit_every
+
+            async def rollout(shard: Shard, prompt: Prompt) -> str:
+                body = {"model": "sim-model", "prompt": prompt[1], "max_tokens": 16}
+                async with http.post(f"{shard.endpoint}/v1/completions", json=body) as response:
+                    response.raise_for_status()
+                    payload = await response.json()
+                    version = response.headers["X-Weight-Version"]
+                if aware:
+                    await source.weights.observe(shard.name, f"weight_version:{version}")
+                return f"{version}|{payload['choices'][0]['text']}"
+
+            await refit(1)
+            started = time.monotonic()
+            train = asyncio.create_task(trainer())
+            run = dispatcher.run(prompts, rollout, prompt_ids=[pid for pid, _ in prompts])
+            committed = 0
+            try:
+                async for outcome in run:
+                    if isinstance(outcome, Completed):
+                        committed += 1
+                        produced_at = outcome.result.split("|", 1)[0]
+                        if produced_at != str(policy_at_commit[int(outcome.prompt_id)]):
+                            stale_committed += 1
+            finally:
+                train.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await train
+            wall = time.monotonic() - started
+            return WeightsRow(
+                "weights-aware" if aware else "weights-unaware", committed, stale_committed, run.stats.stale, wall
+            )
+
+
+async def weights_scenario(scale: Scale, seed: int, refit_every: float, restart_every: float) -> list[WeightsRow]:
+    """Both modes on the same schedule, one after the other in one run; prints the table."""
+    print(
+        f"weights benchmark: {scale.shards} sim shards, {scale.prompts} prompts, {scale.concurrency} concurrent, "
+        f"{scale.latency:g}s generation, a refit every {refit_every:g}s, a restart every {restart_every:g}s,"
+        f" seed {seed}"
+    )
+    rows = [await drive_weights(aware, scale, seed, refit_every, restart_every) for aware in (True, False)]
+    print(f"{'mode':<18}{'committed':>10}{'stale committed':>17}{'stale attempts':>16}{'wall s':>8}{'goodput/s':>11}")
+    for row in rows:
+        print(
+            f"{row.mode:<18}{row.committed:>10}{row.stale_committed:>17}{row.stale_attempts:>16}"
+            f"{row.wall:>8.1f}{row.goodput:>11.1f}"
+        )
+    return rows
+
+
 async def main_async(scale: Scale, seed: int, contenders: Sequence[str], trace: int = 0) -> None:
     print(
         f"failover benchmark: {scale.shards} sim shards, {scale.prompts} prompts, {scale.concurrency} concurrent, "
@@ -529,7 +672,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {CONTENDERS}")
     parser.add_argument("--trace", type=int, default=0, help="print the N slowest prompts of each contender")
+    parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
     args = parser.parse_args()
+    if args.weights:
+        scale = SMOKE if args.smoke else FULL
+        asyncio.run(
+            weights_scenario(scale, args.seed, refit_every=scale.duration / 6, restart_every=scale.duration / 5)
+        )
+        return
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:

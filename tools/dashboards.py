@@ -211,7 +211,8 @@ def fleet_health_dashboard() -> dash.Dashboard:
         .title("Shard health timeline")
         .description(
             "One lane per GenerationShard and EnvironmentServer: green while the operator counts it healthy, red "
-            "while it does not (Suspect, Unhealthy, Draining or Pending). Flapping lanes are shards to look at."
+            "while it does not (Suspect, Unhealthy, Draining, Pending, Stale or Refitting). Flapping lanes are shards "
+            "to look at."
         )
         .datasource(_DATASOURCE)
         .targets(

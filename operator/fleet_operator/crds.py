@@ -75,6 +75,13 @@ GENERATION_SHARD: Final = KindInfo(
     printer_columns=(
         _PHASE,
         {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+        {
+            "name": "Weights",
+            "type": "integer",
+            "jsonPath": ".status.weightsVersion",
+            "description": "Weights version of the last successful refit of this instance",
+            "priority": 1,
+        },
         _LATENCY,
         _ENDPOINT,
         {"name": "Drain", "type": "boolean", "jsonPath": ".spec.drain", "priority": 1},
@@ -111,6 +118,12 @@ ROLLOUT_FLEET: Final = KindInfo(
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
             "description": "At least minReadyShards shards are healthy",
+        },
+        {
+            "name": "Stale",
+            "type": "integer",
+            "jsonPath": ".status.staleShards",
+            "description": "Selected shards restarted since their last refit (no traffic until refit)",
         },
         {
             "name": "Envs",

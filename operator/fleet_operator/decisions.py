@@ -111,6 +111,9 @@ class Member:
     phase: HealthPhase
     last_success_at: float | None = None
     """Wall-clock time of the latest successful probe, if any."""
+    weights_version: int | None = None
+    stale: bool = False
+    """Stale or Refitting: restarted since its last refit (or being refit)."""
 
 
 def shard_status(
@@ -136,6 +139,10 @@ def shard_status(
         message = f"in the healthy set ({phase.value})"
     elif phase is HealthPhase.DRAINING:
         message = "draining: no new traffic"
+    elif phase is HealthPhase.STALE:
+        message = "stale: restarted (or a refit failed) since its last refit; no traffic until the trainer refits it"
+    elif phase is HealthPhase.REFITTING:
+        message = "refitting: weights being updated, no traffic"
     elif phase is HealthPhase.PENDING:
         message = f"waiting for {state.settings.success_threshold} consecutive successful probes"
     else:
@@ -158,6 +165,8 @@ def shard_status(
         latency_milliseconds=round(result.latency_seconds * 1000, 1) if result is not None else None,
         last_probe_time=rfc3339(result.at) if result is not None and result.at > 0 else None,
         last_success_time=rfc3339(last_success_at) if last_success_at else None,
+        instance=state.instance,
+        weights_version=state.weights_version,
         observed_generation=generation,
         conditions=conditions,
     )
@@ -264,6 +273,7 @@ def fleet_status(
         healthy=f"{len(healthy_shards)}/{len(shards)}",
         ready_shards=len(healthy_shards),
         total_shards=len(shards),
+        stale_shards=sum(1 for m in shards if m.stale),
         ready_environment_servers=len(healthy_envs),
         total_environment_servers=len(environments),
         shards=shard_entries,

@@ -253,6 +253,36 @@ class FleetEngine:
         state = self._monitor.states.get(TargetKey(kind, namespace, name))
         return state.phase if state is not None else None
 
+    async def observe_instance(self, kind: str, namespace: str, name: str, identity: str | None) -> Transition | None:
+        """Feed a target's instance identity (e.g. a pod's ``"<uid>:<restartCount>"`` from discovery) to its state:
+        the operator's one entry point for restart evidence (:meth:`HealthState.observe_instance`). A refit shard
+        whose identity changed becomes Stale: out of its fleets' healthy sets, counted in ``staleShards``."""
+        key = TargetKey(kind, namespace, name)
+        if key not in self._monitor.states:
+            return None
+        transition = await self._monitor.change_state(key, lambda state: state.observe_instance(identity))
+        self._weights_changed(key)
+        return transition
+
+    async def record_refit(
+        self, kind: str, namespace: str, name: str, version: int, identity: str | None = None
+    ) -> Transition | None:
+        """A refit of the target's instance ``identity`` to policy ``version`` succeeded (the trainer's word)."""
+        key = TargetKey(kind, namespace, name)
+        if key not in self._monitor.states:
+            return None
+        transition = await self._monitor.change_state(
+            key, lambda state: state.refit_succeeded(version, identity=identity)
+        )
+        self._weights_changed(key)
+        return transition
+
+    def _weights_changed(self, key: TargetKey) -> None:
+        """The transition itself is reported in the monitor's next round, like a drain; the fleets (weights
+        versions, staleShards) and the writer learn of the change now."""
+        self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
+        self._wake.set()
+
     def _on_round(self, probe_round: ProbeRound[TargetKey]) -> None:
         for key, result in probe_round.results.items():
             self._metrics.probe_duration_seconds.labels(key.kind).observe(result.latency_seconds)

@@ -230,7 +230,8 @@ class ShardStatus(_KubeModel):
     """What the operator observed of one probed target (written on transitions and a coalesced heartbeat)."""
 
     phase: HealthPhase = HealthPhase.PENDING
-    """Pending, Healthy, Suspect (serving, recent failures), Unhealthy, or Draining."""
+    """Pending, Healthy, Suspect (serving, recent failures), Unhealthy, Draining, Stale (restarted since its last
+    refit: base weights, no traffic until refit) or Refitting (weights being updated, no traffic)."""
     endpoint: Annotated[str, Field(max_length=2048)] | None = None
     """The base URL the operator probes (resolved from serviceRef or spec.endpoint)."""
     consecutive_successes: Annotated[int, Field(ge=0)] = 0
@@ -243,6 +244,12 @@ class ShardStatus(_KubeModel):
     """When the latest probe finished (as of the last status write)."""
     last_success_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     """When the latest successful probe finished (as of the last status write)."""
+    instance: Annotated[str, Field(max_length=256)] | None = None
+    """The observed instance identity (opaque: a pod's ``<uid>:<restarts>``, a weight version, a process start);
+    a change after a refit makes the shard Stale."""
+    weights_version: Annotated[int, Field(ge=0)] | None = None
+    """The policy version of the last successful refit of this instance; unset when unknown (never refit,
+    restarted since, or being refit)."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     conditions: Annotated[list[Condition], Field(max_length=8)] = Field(
         default_factory=list, json_schema_extra=_MAP_LIST_BY_TYPE
@@ -386,6 +393,8 @@ class RolloutFleetStatus(_KubeModel):
     """readyShards/totalShards, for kubectl."""
     ready_shards: Annotated[int, Field(ge=0)] = 0
     total_shards: Annotated[int, Field(ge=0)] = 0
+    stale_shards: Annotated[int, Field(ge=0)] = 0
+    """Selected shards that are Stale or Refitting (restarted since their last refit): no traffic until refit."""
     ready_environment_servers: Annotated[int, Field(ge=0)] = 0
     total_environment_servers: Annotated[int, Field(ge=0)] = 0
     shards: Annotated[list[HealthySetEntry], Field(max_length=10_000)] = Field(

@@ -221,6 +221,8 @@ def restored_state(spec: TargetSpec, persisted: Mapping[str, Any]) -> HealthStat
         consecutive_failures=failures,
         draining=spec.drain,
         last_error=parsed.last_error,
+        instance=parsed.instance,
+        weights_version=parsed.weights_version,
     )
 
 
@@ -327,7 +329,20 @@ class Records:
             state = states.get(key)
             phase = state.phase if state is not None else HealthPhase.PENDING
             kind, _, name = key
+            weights = state.weights_version if state is not None else None
+            stale = state is not None and (state.stale or state.refitting)
             members.append(
-                Member(kind, namespace, name, target.labels, target.spec, target.endpoint, phase, last_ok_at.get(key))
+                Member(
+                    kind,
+                    namespace,
+                    name,
+                    target.labels,
+                    target.spec,
+                    target.endpoint,
+                    phase,
+                    last_ok_at.get(key),
+                    weights_version=weights,
+                    stale=stale,
+                )
             )
         return members

@@ -25,7 +25,15 @@ from rollout_runtime.kube import kinds
 
 __all__ = ["fleet_detail", "fleet_summary", "fleet_table", "fleets_table", "render"]
 
-_PHASE_STYLE = {"Healthy": "green", "Suspect": "yellow", "Unhealthy": "red", "Draining": "blue", "Pending": "dim"}
+_PHASE_STYLE = {
+    "Healthy": "green",
+    "Suspect": "yellow",
+    "Unhealthy": "red",
+    "Draining": "blue",
+    "Pending": "dim",
+    "Stale": "magenta",
+    "Refitting": "cyan",
+}
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:

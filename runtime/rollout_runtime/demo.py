@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import aiohttp
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,12 +41,13 @@ from rollout_runtime.dispatch import (
 from rollout_runtime.environment import EnvironmentClient
 from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall
 from rollout_runtime.generation import GenerationClient
-from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy
+from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy, Transition
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFaults, SimFleet
 from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule, InjectedFault
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import ArithmeticRequest, ArithmeticResponse
+from rollout_runtime.weights import SGLangWeightVersion, StaleRefitter, update_weights_from_disk
 
 __all__ = [
     "DemoConfig",
@@ -61,6 +63,8 @@ __all__ = [
 MODEL = "sim-model"
 MAX_MODEL_LEN = 256
 MAX_TOKENS = 16
+WEIGHTS_VERSION = 1
+"""The policy version the demo's trainer publishes and refits every shard to (a restart comes back Stale)."""
 
 
 class DemoConfig(BaseModel):
@@ -116,7 +120,7 @@ def chaos_schedule(names: Sequence[str]) -> FaultSchedule:
     Each starts and ends at a fraction of the prompts finished, so every machine sees the same story.
     """
     plan: list[dict[str, Any]] = [
-        {"kind": FaultKind.SHARD_KILL, "at_progress": 0.10, "until_progress": 0.65},
+        {"kind": FaultKind.SHARD_KILL, "at_progress": 0.10, "until_progress": 0.30},  # back Stale, refit
         {"kind": FaultKind.SHARD_HANG, "at_progress": 0.20, "until_progress": 0.55},
         {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.25, "until_progress": 0.75, "flap_seconds": 1.5},
         {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.35, "until_progress": 1.0, "count": 20, "status": 503},
@@ -143,6 +147,8 @@ class DemoReport:
     error: str | None = None
     invariant_holds: bool = False
     ledger_path: str | None = None
+    weights: dict[str, Any] = field(default_factory=dict)
+    """Policy version, committed results by weights version, stale_committed (must be 0), stale attempts, refits."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True, default=str)
@@ -206,12 +212,19 @@ async def run_demo(
         if config.environment:
             env = await stack.enter_async_context(await spawn_env_server("verifier"))
             view.note(f"started the arithmetic verifier at {env.url}")
+
+        def on_transition(name: str, transition: Transition, result: object) -> None:
+            if transition.reason == "restart":
+                view.note(f"{name} restarted with base weights: Stale until refit")
+
         source = LocalShardSource(
             fleet.shards,
             ProbeSettings(
                 period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2, success_threshold=2, check_model=True
             ),
             policy=ProbeTargetPolicy.local(),
+            identity=SGLangWeightVersion(),  # a killed shard restarts at "default": Stale until refit
+            on_transition=on_transition,
         )
         policy = DispatchPolicy(
             max_infra_attempts=10,
@@ -228,10 +241,22 @@ async def run_demo(
             max_concurrency=config.concurrency,
         )
         generation = await stack.enter_async_context(GenerationClient(timeout_seconds=30.0))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        weights = source.weights
+
+        async def push_weights(name: str, version: int) -> None:
+            endpoint = fleet.shard(name).endpoint
+            await update_weights_from_disk(http, endpoint, f"/checkpoints/step-{version}", version)
+
+        refitter = StaleRefitter(
+            weights, push_weights, on_refit=lambda name, v: view.note(f"refit {name} to weights version {v}")
+        )
         environment = await stack.enter_async_context(EnvironmentClient(env.url, timeout_seconds=30.0)) if env else None
 
         async def rollout(shard: Shard, prompt: DemoPrompt) -> DemoResult:
             completion = await generation.complete(shard, prompt.text, max_tokens=MAX_TOKENS)
+            # Restart evidence right after the answer: an answer from a restarted shard is then judged stale.
+            await weights.observe(shard.name, await weights.read_identity(shard.name))
             if environment is None:
                 return DemoResult(answer=completion.text, reward=None)
             reply = await environment.run_episode(
@@ -253,6 +278,11 @@ async def run_demo(
             Dispatcher(
                 source, policy, registry=registry, observer=observe, seed=config.seed, ledger=FailureLedger(ledger_path)
             )
+        )
+        await weights.publish(WEIGHTS_VERSION)
+        failed_refits = await weights.refit_all(WEIGHTS_VERSION, lambda name: push_weights(name, WEIGHTS_VERSION))
+        view.note(
+            f"trainer published policy version {WEIGHTS_VERSION}; refit {config.shards - len(failed_refits)} shards"
         )
         schedule = chaos_schedule(fleet.names) if config.chaos else FaultSchedule()
         chaos = FaultInjector(fleet, schedule, observer=lambda record: view.note(_chaos_note(record)))
@@ -277,6 +307,7 @@ async def run_demo(
                     view.phases = source.phases()
                     view.ejected = dispatcher.ejected
                     chaos.advance(view.finished / max(len(prompts), 1))
+                    refitter.kick()
                     if on_tick is not None:
                         on_tick(view)
         except (RolloutRedispatchExhausted, RolloutStall) as exc:
@@ -284,6 +315,10 @@ async def run_demo(
             view.note(f"run ended: {report.error}")
         finally:
             await chaos.close()
+        # Between steps, the trainer refits what came back Stale (the killed shard restarts at base weights).
+        if not await refitter.settle(20.0):
+            view.note("some shards are still down or Stale after 20 s")
+        await refitter.aclose()
         report.chaos = [
             {**record.to_json(), "at_seconds": round(record.started - chaos_clock, 2)} for record in chaos.injected
         ]
@@ -294,13 +329,22 @@ async def run_demo(
             name: getattr(stats, name)
             for name in (
                 "submitted", "completed", "data_failed", "skipped", "aborted", "successes", "infra_failures",
-                "data_failures", "cancelled", "redispatches", "exhausted", "ejections", "stalls",
+                "data_failures", "cancelled", "stale", "redispatches", "exhausted", "ejections", "stalls",
             )
         }  # fmt: skip
         report.stats["attempts"] = stats.attempts
         report.failure_types = dict(failure_types)
         report.shard_phases = {name: phase.value for name, phase in source.phases().items()}
         report.ejections_by_shard = _ejections_by_shard(registry)
+        by_version = {str(v): n for v, n in sorted(stats.committed_by_version.items(), key=lambda kv: str(kv[0]))}
+        report.weights = {
+            "policy_version": weights.policy_version,
+            "committed_by_version": by_version,
+            "stale_committed": sum(n for v, n in stats.committed_by_version.items() if v != weights.policy_version),
+            "stale_attempts": stats.stale,
+            "refits": refitter.refits,
+            "failed_refits": refitter.failures + len(failed_refits),
+        }
         scored = [r for r in rewards if r is not None]
         report.mean_reward = sum(scored) / len(scored) if scored else None
         report.invariant_holds = stats.submitted == stats.finished + stats.aborted and stats.submitted == len(prompts)

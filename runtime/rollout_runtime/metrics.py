@@ -22,7 +22,7 @@ dispatchers in one process (tests, a trainer that rebuilds its loop) never colli
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -44,7 +44,7 @@ __all__ = [
     "serve_metrics",
 ]
 
-ATTEMPT_OUTCOMES = ("success", "infra_failure", "data_failure", "cancelled")
+ATTEMPT_OUTCOMES = ("success", "infra_failure", "data_failure", "cancelled", "stale")
 PROMPT_RESULTS = ("completed", "data_failed", "skipped")
 STALL_ACTIONS = ("warn", "abort")
 FLEET_LABELS = ("fleet", "namespace")
@@ -74,6 +74,11 @@ _HELP = {
     "first run started. time() minus this is how long the run has made no progress.",
     "rollout_ejections": "Passive ejections of a shard after an infra failure on it. A shard that keeps reappearing "
     "is flapping or sick in a way its probe does not see.",
+    "rollout_committed_results": "Committed results by how many policy versions the producing shard lagged the "
+    "trainer (lag=unknown: weights not tracked). Anything but lag=0 with max_weights_lag 0 is a bug.",
+    "rollout_shard_stale": "1 while a shard is Stale or Refitting (restarted since its last refit, or being refit): "
+    "it gets no traffic. One staying 1 past the refit timeout is a trainer that does not refit it.",
+    "rollout_stale_shards": "Shards Stale or Refitting now (the sum of rollout_shard_stale).",
     "rollout_healthy_shards": "Shards this runtime routes to: the healthy set it sees minus the shards it ejected. "
     "Below the fleet size means capacity is missing.",
 }
@@ -125,6 +130,9 @@ class RolloutMetrics:
         self.redispatches = 0
         self.exhausted = 0
         self.healthy_shards = 0
+        self.committed_by_lag: dict[str, int] = {}
+        self.stale_shards: Callable[[], Mapping[str, bool]] | None = None
+        """Read at scrape time (the dispatcher points it at its weights view)."""
         self.last_commit_timestamp: float | None = None
         self._in_flight_sources: list[Callable[[], int]] = []
         self.registry.register(_RolloutCollector(self))
@@ -151,6 +159,10 @@ class RolloutMetrics:
     def failure(self, failure_class: str, failure_type: str) -> None:
         key = (failure_class, failure_type)
         self.failures[key] = self.failures.get(key, 0) + 1
+
+    def committed(self, lag: str) -> None:
+        """A result was committed at ``lag`` (a :func:`~rollout_runtime.weights.lag_label` value)."""
+        self.committed_by_lag[lag] = self.committed_by_lag.get(lag, 0) + 1
 
     def ejection(self, shard: str) -> None:
         self.ejections[shard] = self.ejections.get(shard, 0) + 1
@@ -207,7 +219,17 @@ class _RolloutCollector(Collector):
             "rollout_ejections_total", _HELP["rollout_ejections"], labels=[*FLEET_LABELS, "shard"]
         )
         healthy = GaugeMetricFamily("rollout_healthy_shards", _HELP["rollout_healthy_shards"], labels=FLEET_LABELS)
+        committed = CounterMetricFamily(
+            "rollout_committed_results", _HELP["rollout_committed_results"], labels=[*FLEET_LABELS, "lag"]
+        )
+        shard_stale = GaugeMetricFamily(
+            "rollout_shard_stale", _HELP["rollout_shard_stale"], labels=[*FLEET_LABELS, "shard"]
+        )
+        stale_shards = GaugeMetricFamily("rollout_stale_shards", _HELP["rollout_stale_shards"], labels=FLEET_LABELS)
         families: list[Metric] = [
+            committed,
+            shard_stale,
+            stale_shards,
             attempts,
             failures,
             redispatches,
@@ -240,6 +262,12 @@ class _RolloutCollector(Collector):
         for shard, count in list(m.ejections.items()):
             ejections.add_metric([*fixed, shard], count)
         healthy.add_metric(fixed, m.healthy_shards)
+        for lag, count in list(m.committed_by_lag.items()):
+            committed.add_metric([*fixed, lag], count)
+        stale = dict(m.stale_shards()) if m.stale_shards is not None else {}
+        for shard, is_stale in sorted(stale.items()):
+            shard_stale.add_metric([*fixed, shard], 1.0 if is_stale else 0.0)
+        stale_shards.add_metric(fixed, sum(stale.values()))
         return families
 
 

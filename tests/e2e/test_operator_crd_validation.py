@@ -140,7 +140,7 @@ def test_kubectl_get_shows_the_printer_columns(fleet_crds: ControlPlane, fleet_n
     assert apply(fleet_crds, ns, fleet(SELECT) | {"metadata": {"name": "a"}}).returncode == 0
     fleet_crds.kubectl(
         "patch", "generationshard", "s0", "-n", ns, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"phase": "Healthy", "latencyMilliseconds": 12.5}}),
+        "-p", json.dumps({"status": {"phase": "Healthy", "latencyMilliseconds": 12.5, "weightsVersion": 3}}),
     )  # fmt: skip
     ready = {
         "type": "Ready",
@@ -150,14 +150,18 @@ def test_kubectl_get_shows_the_printer_columns(fleet_crds: ControlPlane, fleet_n
     }
     fleet_crds.kubectl(
         "patch", "rolloutfleet", "a", "-n", ns, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"healthy": "1/1", "readyEnvironmentServers": 0, "conditions": [ready]}}),
+        "-p", json.dumps({"status": {"healthy": "1/1", "staleShards": 1, "readyEnvironmentServers": 0,
+                                     "conditions": [ready]}}),
     )  # fmt: skip
     shards = fleet_crds.kubectl("get", "gshard", "-n", ns).stdout.splitlines()
     assert shards[0].split() == ["NAME", "PHASE", "MODEL", "LATENCY-MS", "AGE"]
     assert shards[1].split()[:4] == ["s0", "Healthy", "sim-model", "12.5"]
+    wide = fleet_crds.kubectl("get", "gshard", "-n", ns, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[:4] == ["NAME", "PHASE", "MODEL", "WEIGHTS"]
+    assert wide[1].split()[:4] == ["s0", "Healthy", "sim-model", "3"]
     fleets = fleet_crds.kubectl("get", "rfleet", "-n", ns).stdout.splitlines()
-    assert fleets[0].split() == ["NAME", "HEALTHY", "READY", "ENVS", "AGE"]
-    assert fleets[1].split()[:4] == ["a", "1/1", "True", "0"]
+    assert fleets[0].split() == ["NAME", "HEALTHY", "READY", "STALE", "ENVS", "AGE"]
+    assert fleets[1].split()[:5] == ["a", "1/1", "True", "1", "0"]
     cli = subprocess.run(
         [ROLLOUT_FLEET_CLI, "status", "a", "-n", ns, "--kubeconfig", str(fleet_crds.kubeconfig)],
         capture_output=True,

@@ -44,6 +44,14 @@ def test_demo_cli_runs_end_to_end_and_reports_every_prompt(tmp_path: Path) -> No
     assert sorted(entry["prompt_id"] for entry in ledger) == sorted(f["prompt_id"] for f in report["data_failures"])
     assert "demo summary" in done.stdout
     assert "accounting invariant (every prompt ends exactly once): holds" in done.stdout
+    weights = report["weights"]
+    assert weights["policy_version"] == 1
+    assert weights["committed_by_version"] == {"1": 295}
+    assert weights["stale_committed"] == 0
+    assert "weights: stale results committed (must be 0)" in done.stdout
+    # the killed shard restarts at base weights ("default"), is Stale, and the trainer's refitter brings it back
+    assert any("restarted with base weights" in line or "refit shard-" in line for line in report["timeline"])
+    assert weights["refits"] >= 1, report["timeline"]
 
 
 @pytest.mark.parametrize("chaos", [True, False])

@@ -289,3 +289,36 @@ async def test_a_restarted_engine_resumes_from_persisted_status_without_rewritin
     await successor.write_pass(asyncio.get_running_loop().time() + COALESCE)
     assert len(status_patches(emulator)) == writes
     assert stored(emulator, "rolloutfleets", "a")["status"]["revision"] == revision
+
+
+async def test_a_restarted_refit_shard_is_stale_in_its_status_and_the_fleets_until_refit(
+    emulator: VersionedKubernetesEmulator, kube: KubeClient
+) -> None:
+    engine, _prober, _now = await healthy_fleet(emulator, kube, shards=2)
+    loop = asyncio.get_running_loop()
+    await engine.observe_instance("GenerationShard", NS, "s0", "uid-s0:0")
+    await engine.record_refit("GenerationShard", NS, "s0", 3, "uid-s0:0")
+    await engine.write_pass(loop.time() + COALESCE + HEARTBEAT)
+    shard = stored(emulator, "generationshards", "s0")["status"]
+    assert (shard["phase"], shard["instance"], shard["weightsVersion"]) == ("Healthy", "uid-s0:0", 3)
+    assert stored(emulator, "rolloutfleets", "a")["status"]["staleShards"] == 0
+
+    transition = await engine.observe_instance("GenerationShard", NS, "s0", "uid-s0:1")  # a container restart
+    assert transition is not None
+    assert transition.to_phase is HealthPhase.STALE
+    await engine.write_pass(loop.time() + 2 * (COALESCE + HEARTBEAT))
+    shard = stored(emulator, "generationshards", "s0")["status"]
+    assert shard["phase"] == "Stale"
+    assert shard["instance"] == "uid-s0:1"
+    assert "weightsVersion" not in shard
+    fleet = stored(emulator, "rolloutfleets", "a")["status"]
+    assert [e["name"] for e in fleet["shards"]] == ["s1"], "a Stale shard must not be in the healthy set"
+    assert fleet["staleShards"] == 1
+
+    await engine.record_refit("GenerationShard", NS, "s0", 4, "uid-s0:1")
+    await engine.write_pass(loop.time() + 3 * (COALESCE + HEARTBEAT))
+    shard = stored(emulator, "generationshards", "s0")["status"]
+    assert (shard["phase"], shard["weightsVersion"]) == ("Healthy", 4)
+    fleet = stored(emulator, "rolloutfleets", "a")["status"]
+    assert [e["name"] for e in fleet["shards"]] == ["s0", "s1"]
+    assert fleet["staleShards"] == 0

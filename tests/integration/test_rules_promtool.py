@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "RolloutInfraFailureRateHigh",
     "RolloutDataFailureSpike",
     "RolloutRedispatchExhausted",
+    "RolloutShardStale",
 }
 
 

@@ -23,6 +23,9 @@ CONTRACT = {
     "rollout_last_commit_timestamp_seconds": ("gauge", FLEET),
     "rollout_ejections": ("counter", FLEET | {"shard"}),
     "rollout_healthy_shards": ("gauge", FLEET),
+    "rollout_committed_results": ("counter", FLEET | {"lag"}),
+    "rollout_shard_stale": ("gauge", FLEET | {"shard"}),
+    "rollout_stale_shards": ("gauge", FLEET),
 }
 LOCAL = {"fleet": "local", "namespace": ""}
 
@@ -31,6 +34,8 @@ def test_registers_exactly_the_contract_names_types_and_labels() -> None:
     metrics = RolloutMetrics()
     metrics.failure("infra", "GenerationUnavailable")
     metrics.ejection("a")
+    metrics.committed("0")
+    metrics.stale_shards = lambda: {"a": True}
     found = {}
     for family in metrics.registry.collect():
         labels: set[str] = set()

@@ -24,6 +24,8 @@ _PHASE_STYLE = {
     HealthPhase.UNHEALTHY: "red",
     HealthPhase.PENDING: "dim",
     HealthPhase.DRAINING: "blue",
+    HealthPhase.STALE: "magenta",
+    HealthPhase.REFITTING: "cyan",
 }
 
 
@@ -167,6 +169,12 @@ def _summary(console: Console, report: DemoReport) -> None:
         ("attempts cancelled on unhealthy shards", stats.get("cancelled", 0)),
         ("ejections", stats.get("ejections", 0)),
         ("stalls", stats.get("stalls", 0)),
+        ("answers not committed (stale weights)", stats.get("stale", 0)),
+        ("weights: policy version", report.weights.get("policy_version", "-")),
+        ("weights: committed by version", ", ".join(f"v{v}: {n}" for v, n in
+                                                    report.weights.get("committed_by_version", {}).items()) or "-"),
+        ("weights: stale results committed (must be 0)", report.weights.get("stale_committed", 0)),
+        ("weights: refits of restarted shards", report.weights.get("refits", 0)),
         ("mean reward", f"{report.mean_reward:.3f}" if report.mean_reward is not None else "-"),
         ("wall time", f"{report.wall_seconds:.1f} s"),
     ]  # fmt: skip
@@ -184,5 +192,7 @@ def _summary(console: Console, report: DemoReport) -> None:
         console.print(reasons)
     verdict = "[green]holds[/]" if report.invariant_holds else "[red]VIOLATED[/]"
     console.print(f"accounting invariant (every prompt ends exactly once): {verdict}")
+    if report.weights.get("stale_committed"):
+        console.print(f"[red]{report.weights['stale_committed']} results from stale weights were committed[/]")
     if report.error:
         console.print(f"[red]run ended with {report.error}[/]")

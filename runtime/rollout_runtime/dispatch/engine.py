@@ -86,6 +86,7 @@ from rollout_runtime.failures import (
 )
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet, ReportsCompletions, Shard, ShardSource, fleet_identity
+from rollout_runtime.weights.gate import WeightsVerdict, WeightsView, lag_label, weights_verdict
 
 if TYPE_CHECKING:
     from rollout_runtime.dispatch.session import DispatchSession
@@ -109,6 +110,8 @@ class _Attempt:
     """Set to the quiet time allowed when the progress watchdog abandoned the attempt."""
     won_on: _Slot | None = None
     """The hedge's shard, when a hedged second attempt answered first."""
+    won_started_version: int | None = None
+    """The hedge's shard's weights version when the hedge started."""
 
 
 @dataclass(slots=True, eq=False)
@@ -170,7 +173,7 @@ class _RunFailed:
     error: BaseException
 
 
-AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled"]
+AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled", "stale"]
 
 _INITIAL_WORKERS = 64
 """Workers a run starts with; each attempt that reaches a shard starts one more, up to the concurrency limit. With no
@@ -244,6 +247,8 @@ class _Accounts:
             stats.infra_failures += 1
         elif outcome == "data_failure":
             stats.data_failures += 1
+        elif outcome == "stale":
+            stats.stale += 1
         else:
             stats.cancelled += 1
         self._metrics.attempt(outcome, seconds)
@@ -292,6 +297,12 @@ class _Accounts:
                 prompt_preview=preview(outcome.prompt),
             )
         )
+
+    def committed(self, verdict: WeightsVerdict) -> None:
+        """A result is about to be committed: count it by weights version and lag."""
+        by_version = self.stats.committed_by_version
+        by_version[verdict.version] = by_version.get(verdict.version, 0) + 1
+        self._metrics.committed(lag_label(verdict.lag))
 
     def redispatched(self) -> None:
         self.stats.redispatches += 1
@@ -551,6 +562,7 @@ class Dispatcher:
         clock: Clock | None = None,
         seed: int | None = None,
         ledger: FailureLedger | None = None,
+        weights: WeightsView | None = None,
     ) -> None:
         self.policy = policy if policy is not None else DispatchPolicy()
         if metrics is None:
@@ -559,6 +571,9 @@ class Dispatcher:
         self.metrics = metrics
         self._source = source
         self._completions = source if isinstance(source, ReportsCompletions) else None  # passive liveness
+        self._weights = weights if weights is not None else _weights_of(source)  # stale gating (see weights/)
+        if self._weights is not None:
+            self.metrics.stale_shards = self._weights.stale_shards
         self._observer = observer
         self._clock: Clock | None = clock
         self._rng = random.Random(seed)
@@ -782,6 +797,7 @@ class Dispatcher:
         timeout = self.policy.attempt_timeout_seconds
         clock = self.clock.monotonic
         started = clock()
+        started_version = self._weights.version_of(slot.name) if self._weights is not None else None
         failure: BaseException | None = None
         evicted = False
         result: Any = None
@@ -837,6 +853,8 @@ class Dispatcher:
             run.requeue(state, 0.0)
         elif failure is not None:
             self._failed(run, state, slot, failure, seconds, immediate=record.stalled is not None)
+        elif not (verdict := self._verdict(record, slot, started_version)).committable:
+            self._stale(run, state, (record.won_on or slot).name, seconds, verdict)
         else:
             if watch is not None and record.won_on is None:
                 watch.succeeded(clock())
@@ -848,7 +866,9 @@ class Dispatcher:
             if self._completions is not None:
                 self._completions.attempt_succeeded(shard)
             attempts = state.budget.attempts + 1
-            run.finish(state, Completed(state.prompt_id, state.prompt, result, attempts, shard))
+            accounts.committed(verdict)
+            completed = Completed(state.prompt_id, state.prompt, result, attempts, shard, verdict.version)
+            run.finish(state, completed)
 
     def _attempt_clock(self, shard: str, started: float) -> AttemptClock | None:
         """The attempt's progress deadlines from its shard's recent timings; None without the watchdog or hedging."""
@@ -938,6 +958,7 @@ class Dispatcher:
         accounts, clock = run.accounts, self.clock.monotonic
         hedge = asyncio.ensure_future(run.rollout(other.shard, state.prompt))
         hedge_record = _Attempt(hedge, 0)
+        hedge_version = self._weights.version_of(other.name) if self._weights is not None else None
         other.outstanding += 1
         other.attempts.add(hedge_record)  # an eviction of the hedge's shard cancels the hedge only
         accounts.attempt_started()
@@ -954,7 +975,7 @@ class Dispatcher:
                     if pending:
                         run.stats.hedges_wasted += 1
                     if winner is hedge:
-                        record.won_on = other
+                        record.won_on, record.won_started_version = other, hedge_version
                     return winner.result()
             return primary.result()  # both failed: raise the primary's failure
         finally:
@@ -967,6 +988,25 @@ class Dispatcher:
             accounts.attempt_stopped()
             loser = slot.name if record.won_on is other else other.name
             accounts.attempt_ended("cancelled", state.prompt_id, loser, clock() - started)
+
+    def _verdict(self, record: _Attempt, slot: _Slot, started_version: int | None) -> WeightsVerdict:
+        weights = self._weights
+        if weights is None:
+            return WeightsVerdict(True, None, None)
+        if record.won_on is not None:  # the hedge answered: its own shard's versions decide
+            slot, started_version = record.won_on, record.won_started_version
+        answered = weights.version_of(slot.name)
+        return weights_verdict(weights.policy_version, started_version, answered, self.policy.max_weights_lag)
+
+    def _stale(
+        self, run: DispatchRun[Any, Any], state: _PromptState, name: str, seconds: float, verdict: WeightsVerdict
+    ) -> None:
+        """An answer from outside the allowed weights: not committed, redispatched elsewhere, no budget charged."""
+        log.info("prompt %s: answer from shard %s not committed: %s", state.prompt_id, name, verdict.reason)
+        run.accounts.attempt_ended("stale", state.prompt_id, name, seconds)
+        state.budget.evictions += 1
+        state.last_failed = name
+        run.requeue(state, 0.0)
 
     def _failed(
         self,
@@ -1198,3 +1238,9 @@ class Dispatcher:
             self._observer(event)
         except Exception:
             log.exception("dispatch observer failed on %r", event)
+
+
+def _weights_of(source: object) -> WeightsView | None:
+    """The source's weights view (``source.weights``, as LocalShardSource has), if it offers one."""
+    weights = getattr(source, "weights", None)
+    return weights if isinstance(weights, WeightsView) else None

@@ -6,7 +6,7 @@ mistake it for a zero-reward sample.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from rollout_runtime.failures import FailureClass
@@ -33,13 +33,15 @@ PromptId = int | str
 
 @dataclass(frozen=True, slots=True)
 class Completed(Generic[P, R]):
-    """The prompt's rollout succeeded on ``shard`` after ``attempts`` attempts (1 = first try)."""
+    """The prompt's rollout succeeded on ``shard`` after ``attempts`` attempts (1 = first try), with the shard's
+    weights at policy ``weights_version`` (None when weights are not tracked or the version is unknown)."""
 
     prompt_id: PromptId
     prompt: P
     result: R
     attempts: int
     shard: str
+    weights_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,11 @@ class RunStats:
     data_failures: int = 0
     cancelled: int = 0
     """Attempts cancelled because their shard left the healthy set (redispatched, charged to no budget)."""
+    stale: int = 0
+    """Answers not committed because the shard's weights were outside ``max_weights_lag``, unknown or changed
+    mid-attempt (redispatched, infra, charged to no budget)."""
+    committed_by_version: dict[int | None, int] = field(default_factory=dict)
+    """Completed prompts by the weights version that produced them (None: not tracked or unknown)."""
     redispatches: int = 0
     exhausted: int = 0
     ejections: int = 0
@@ -99,7 +106,7 @@ class RunStats:
 
     @property
     def attempts(self) -> int:
-        return self.successes + self.infra_failures + self.data_failures + self.cancelled
+        return self.successes + self.infra_failures + self.data_failures + self.cancelled + self.stale
 
     @property
     def finished(self) -> int:
@@ -114,7 +121,7 @@ class RunStats:
 class AttemptEnded:
     prompt_id: PromptId
     shard: str | None
-    outcome: Literal["success", "infra_failure", "data_failure", "cancelled"]
+    outcome: Literal["success", "infra_failure", "data_failure", "cancelled", "stale"]
     failure_type: str | None
     seconds: float
 

@@ -101,6 +101,11 @@ class DispatchPolicy(BaseModel):
     hedge_factor: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] | None = None
     """Opt-in hedging: an attempt still running after its shard's p99 latency x this starts a second attempt on
     another shard; the first answer wins, the other is cancelled and counted in ``RunStats.hedges_wasted``."""
+    max_weights_lag: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """Policy versions a shard's weights may lag the trainer's when its answer arrives for the result to be
+    committed (0: on-policy only). Answers outside it, or from a shard whose weights are unknown or changed
+    mid-attempt, are redispatched as stale attempts (no budget charged). Only applies once the trainer publishes a
+    policy version (rollout_runtime.weights)."""
 
     failure_ledger_path: Path | None = None
     """JSON-lines file that receives every data-failed (and skipped) prompt; None keeps no ledger."""

@@ -9,6 +9,7 @@
 
 from rollout_runtime.health.hysteresis import (
     MAX_PROBE_MESSAGE_CHARS,
+    WEIGHTS_REASONS,
     HealthPhase,
     HealthState,
     ProbeReason,
@@ -32,6 +33,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_PROBE_MESSAGE_CHARS",
     "MODELS_PATH",
+    "WEIGHTS_REASONS",
     "ForbiddenProbeTarget",
     "HealthMonitor",
     "HealthPhase",

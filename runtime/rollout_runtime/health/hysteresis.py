@@ -14,6 +14,21 @@ Phases::
 (S = ``success_threshold``, F = ``failure_threshold``.) With F = 1 a failure goes straight from Healthy to
 Unhealthy.
 
+Weights (Stale, Refitting)::
+
+    refit recorded (version v) --instance identity changes--> Stale --begin_refit--> Refitting
+    Refitting --refit_succeeded(v')--> the phase the probes say      Refitting --refit_failed--> Stale
+
+A shard the trainer refit holds that policy's weights only while it is the same process: a restart loads the base
+checkpoint. :meth:`HealthState.observe_instance` is the one entry point for restart evidence, whatever its source
+(an SGLang or vLLM weight version, the process start time in ``/metrics``, a pod's ``<uid>:<restartCount>``, a
+probe outage long enough to mean dead; see :mod:`rollout_runtime.weights`): an identity is an opaque string, the
+first sighting is recorded, and a change makes a refit shard Stale. Stale and Refitting never serve, and only
+:meth:`HealthState.refit_succeeded` leaves them (NeMo-RL's fleet health has the same rule: no DEAD->HEALTHY path,
+only ``report_refit``). A refit that fails leaves the shard Stale: it may hold half-updated weights. A shard no
+refit was ever recorded for has no version to lose, so an identity change there is only recorded (a fleet that
+never refits behaves as before). Probes still run underneath Stale and Refitting, as under Draining.
+
 Why Suspect serves: one failed probe is a blip as often as an outage. A Suspect shard stays eligible for traffic;
 only F consecutive failures take it out, and only S consecutive successes bring it back. The runtime's passive
 ejection reacts to real request failures faster than any probe, so serving through Suspect costs little.
@@ -51,6 +66,7 @@ __all__ = [
     "MAX_PROBE_MESSAGE_CHARS",
     "PROBE_IN_CLUSTER",
     "PROBE_RULES",
+    "WEIGHTS_REASONS",
     "HealthPhase",
     "HealthState",
     "ProbeReason",
@@ -72,6 +88,10 @@ class HealthPhase(str, enum.Enum):
     SUSPECT = "Suspect"
     UNHEALTHY = "Unhealthy"
     DRAINING = "Draining"
+    STALE = "Stale"
+    """Restarted since its last refit: it holds base weights, not the trainer's policy; no traffic until refit."""
+    REFITTING = "Refitting"
+    """The trainer is updating its weights: no traffic (it never serves half-updated)."""
 
     @property
     def serving(self) -> bool:
@@ -107,6 +127,9 @@ PROBE_RULES: Final[tuple[Comparison, ...]] = (
     Comparison("timeout_seconds", "<", "period_seconds", "or probes of one target overlap"),
 )
 """The probe's cross-field rule: checked here and, as CEL, by the API server on a shard's ``spec.probe``."""
+
+WEIGHTS_REASONS: Final[frozenset[str]] = frozenset({"restart", "stale", "refit_started", "refit", "refit_failed"})
+"""Transition reasons of the weights path: an identity change, an explicit mark, and the three refit steps."""
 
 _PROBE_PATH: Final[re.Pattern[str]] = re.compile(r"^/[^?#\\\s]*$")
 
@@ -234,7 +257,7 @@ class Transition(BaseModel):
     from_phase: HealthPhase
     to_phase: HealthPhase
     reason: str
-    """A bounded label: a ProbeReason value, or "drain" / "undrain"."""
+    """A bounded label: a ProbeReason value, "drain" / "undrain", or a weights reason (``WEIGHTS_REASONS``)."""
     message: str = ""
 
     @property
@@ -249,9 +272,13 @@ class HealthState:
         "_draining",
         "_failures",
         "_health",
+        "_instance",
+        "_refitting",
         "_request_ok_at",
         "_settings",
+        "_stale",
         "_successes",
+        "_weights_version",
         "last_error",
         "last_reason",
         "last_result",
@@ -265,6 +292,10 @@ class HealthState:
         self._successes = 0
         self._failures = 0
         self._request_ok_at: float | None = None
+        self._stale = False
+        self._refitting = False
+        self._instance: str | None = None
+        self._weights_version: int | None = None
         self.last_result: ProbeResult | None = None
         self.last_reason: ProbeReason | None = None
         """Reason of the latest failed probe (kept after recovery, like last_error)."""
@@ -281,18 +312,26 @@ class HealthState:
         consecutive_failures: int = 0,
         draining: bool = False,
         last_error: str | None = None,
+        instance: str | None = None,
+        weights_version: int | None = None,
     ) -> HealthState:
         """Rebuild a state from a persisted status (the operator after a restart).
 
-        A persisted Draining phase without a known underlying phase resumes as Pending underneath.
+        A persisted Draining, Stale or Refitting phase without a known underlying phase resumes as Pending
+        underneath. A persisted Refitting resumes as Stale: nobody finishes a refit the operator saw begin, so the
+        shard must be refit again before it serves.
         """
         if consecutive_successes < 0 or consecutive_failures < 0:
             raise ValueError("consecutive counts must be >= 0")
         if consecutive_successes and consecutive_failures:
             raise ValueError("a state cannot have consecutive successes and failures at once")
         state = cls(settings)
-        state._health = HealthPhase.PENDING if phase is HealthPhase.DRAINING else phase
+        overlays = (HealthPhase.DRAINING, HealthPhase.STALE, HealthPhase.REFITTING)
+        state._health = HealthPhase.PENDING if phase in overlays else phase
         state._draining = draining or phase is HealthPhase.DRAINING
+        state._stale = phase in (HealthPhase.STALE, HealthPhase.REFITTING)
+        state._instance = instance
+        state._weights_version = None if state._stale else weights_version
         state._successes = consecutive_successes
         state._failures = consecutive_failures
         state.last_error = last_error
@@ -309,6 +348,11 @@ class HealthState:
 
     @property
     def phase(self) -> HealthPhase:
+        """Refitting over Stale over Draining over what the probes say (the most urgent reason for no traffic)."""
+        if self._refitting:
+            return HealthPhase.REFITTING
+        if self._stale:
+            return HealthPhase.STALE
         return HealthPhase.DRAINING if self._draining else self._health
 
     @property
@@ -414,8 +458,108 @@ class HealthState:
             message="draining: no new traffic" if draining else f"drain lifted; probes say {after.value}",
         )
 
+    # -- weights: restart evidence and refits (see the module docstring) ------------------------------------
+
+    @property
+    def stale(self) -> bool:
+        """Restarted (or a refit failed) since the last successful refit; also true while Refitting from Stale."""
+        return self._stale
+
+    @property
+    def refitting(self) -> bool:
+        return self._refitting
+
+    @property
+    def instance(self) -> str | None:
+        """The latest instance identity seen (opaque; see :meth:`observe_instance`)."""
+        return self._instance
+
+    @property
+    def weights_version(self) -> int | None:
+        """The policy version of the last successful refit of this instance; None when unknown (never refit, a
+        restart since, a refit that failed or is in progress)."""
+        return None if self._stale or self._refitting else self._weights_version
+
+    def observe_instance(self, identity: str | None, *, now: float | None = None) -> Transition | None:
+        """Record the shard's instance identity; the single entry point for restart evidence from any source.
+
+        ``identity`` is opaque (compared for equality only): a pod's ``"<uid>:<restartCount>"``, a process start
+        time, an SGLang weight version, an outage epoch. None means "no evidence this time" and changes nothing.
+        The first identity is recorded; a different one later means another process now answers: a shard that
+        holds a refit version becomes Stale (the returned transition, reason ``restart``). ``now`` is accepted for
+        callers on a clock and is not consulted: the decision needs no time.
+        """
+        del now
+        if identity is None:
+            return None
+        previous, self._instance = self._instance, identity
+        if previous is None or previous == identity:
+            return None
+        if self._weights_version is None and not self._stale and not self._refitting:
+            return None  # never refit: it still holds what it always held
+        return self._weights_change(
+            stale=True,
+            refitting=self._refitting,
+            version=None,
+            reason="restart",
+            message=f"instance identity changed ({_bounded(previous, 80)} -> {_bounded(identity, 80)}):"
+            " restarted with base weights, stale until refit",
+        )
+
+    def mark_stale(self, message: str = "") -> Transition | None:
+        """Make the shard Stale whatever its version (restart evidence that carries no identity, an operator)."""
+        return self._weights_change(
+            stale=True, refitting=self._refitting, version=None, reason="stale", message=message or "marked stale"
+        )
+
+    def begin_refit(self) -> Transition | None:
+        """The trainer starts updating the weights: no new traffic until :meth:`refit_succeeded` or
+        :meth:`refit_failed`."""
+        return self._weights_change(
+            stale=self._stale,
+            refitting=True,
+            version=self._weights_version,
+            reason="refit_started",
+            message="refitting: no traffic until the weight update finishes",
+        )
+
+    def refit_succeeded(self, version: int, *, identity: str | None = None) -> Transition | None:
+        """The weights of this instance are now policy ``version`` (the only way out of Stale and Refitting).
+
+        ``identity``, when the caller read it after the update, is recorded as the instance the version belongs to
+        (an SGLang shard's identity is its weight version, which the update itself changes).
+        """
+        if version < 0:
+            raise ValueError(f"a weights version is a policy step >= 0, got {version}")
+        if identity is not None:
+            self._instance = identity
+        return self._weights_change(
+            stale=False, refitting=False, version=version, reason="refit", message=f"refit to weights version {version}"
+        )
+
+    def refit_failed(self, message: str = "") -> Transition | None:
+        """The weight update failed: the shard may hold half-updated weights, so it stays Stale until a refit
+        succeeds."""
+        return self._weights_change(
+            stale=True,
+            refitting=False,
+            version=None,
+            reason="refit_failed",
+            message=f"refit failed: {message}" if message else "refit failed",
+        )
+
+    def _weights_change(
+        self, *, stale: bool, refitting: bool, version: int | None, reason: str, message: str
+    ) -> Transition | None:
+        before = self.phase
+        self._stale, self._refitting, self._weights_version = stale, refitting, version
+        after = self.phase
+        if after is before:
+            return None
+        return Transition(from_phase=before, to_phase=after, reason=reason, message=_bounded(message))
+
     def __repr__(self) -> str:
         return (
             f"HealthState(phase={self.phase.value}, successes={self._successes}, failures={self._failures},"
-            f" last_error={self.last_error!r})"
+            f" last_error={self.last_error!r}, weights_version={self.weights_version})"
         )

@@ -166,6 +166,16 @@ class HealthMonitor(Generic[NameT]):
         self._changed.set()
         return transition
 
+    async def change_state(self, name: NameT, change: Callable[[HealthState], Transition | None]) -> Transition | None:
+        """Apply a change from outside the probes (a refit, restart evidence) to a target's state; like a drain
+        change, a visible transition is reported at once (callback and the next round)."""
+        transition = change(self._states[name])
+        if transition is not None:
+            self._drain_changes.append((name, transition))
+            await self._notify(name, transition, None)
+        self._changed.set()
+        return transition
+
     def record_request_success(self, name: NameT) -> None:
         """A real request to the target completed: evidence of life (see :meth:`HealthState.request_succeeded`).
 

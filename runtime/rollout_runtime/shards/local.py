@@ -12,8 +12,9 @@ completing requests is alive, so probe timeouts alone do not take it out (passiv
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from typing import cast
 
 from rollout_runtime.health.hysteresis import HealthPhase, HealthState, ProbeSettings, Transition
@@ -21,6 +22,8 @@ from rollout_runtime.health.monitor import HealthMonitor, ProbeRound, ProbeTarge
 from rollout_runtime.health.probe import HttpProber, Prober
 from rollout_runtime.health.targets import ProbeTargetPolicy
 from rollout_runtime.shards.model import DEFAULT_FLEET, HealthySet, Shard
+from rollout_runtime.weights.identity import IdentitySource
+from rollout_runtime.weights.tracker import WeightsTracker
 
 __all__ = ["LocalShardSource"]
 
@@ -33,6 +36,10 @@ class LocalShardSource:
     metadata and link-local addresses stay refused). Iterate :meth:`snapshots` once at a time: each iteration
     runs the probe loop. ``fleet`` names the fleet in the dispatcher's ``rollout_*`` metrics (no namespace: the
     fleet is not a Kubernetes object).
+
+    :attr:`weights` is the trainer's weights API for these shards (:class:`~rollout_runtime.weights.WeightsTracker`;
+    the dispatcher reads it); with an ``identity`` source, every shard's instance identity is polled each probe
+    period while :meth:`snapshots` is iterated, and a restart makes a refit shard Stale.
     """
 
     namespace = ""
@@ -47,6 +54,8 @@ class LocalShardSource:
         on_transition: TransitionCallback[str] | None = None,
         max_concurrency: int = 64,
         fleet: str = DEFAULT_FLEET,
+        identity: IdentitySource | None = None,
+        max_weights_lag: int = 0,
     ) -> None:
         self.fleet = fleet
         self._shards = tuple(shards)
@@ -67,6 +76,17 @@ class LocalShardSource:
             on_transition=on_transition,
             max_concurrency=max_concurrency,
         )
+        self.weights = WeightsTracker(self, identity=identity, max_weights_lag=max_weights_lag)
+
+    def endpoint_of(self, name: str) -> str:
+        """The base URL of shard ``name`` (for the weights tracker's identity reads)."""
+        return self._monitor.targets[name].endpoint
+
+    async def change_state(self, name: str, change: Callable[[HealthState], Transition | None]) -> Transition | None:
+        """Apply a weights change (refit, restart) to a shard's state; the next snapshot shows it at once."""
+        if name not in self._monitor.states:
+            raise KeyError(f"unknown shard {name!r}")
+        return await self._monitor.change_state(name, change)
 
     def _checked_model(self, shard: Shard) -> str | None:
         """The model the probe requires in ``/v1/models``: only with ``settings.check_model`` (never implied)."""
@@ -120,9 +140,19 @@ class LocalShardSource:
         self._iterating = True
         try:
             rounds = cast(AsyncGenerator[ProbeRound[str], None], self._monitor.rounds())
-            async with contextlib.aclosing(rounds):  # closing it abandons the probes in flight
-                async for _round in rounds:
-                    yield self.current()
+            watcher = None
+            if self.weights.identity is not None:
+                watcher = asyncio.create_task(self.weights.watch(self.settings.period_seconds), name="identity-watch")
+            try:
+                async with contextlib.aclosing(rounds):  # closing it abandons the probes in flight
+                    async for _round in rounds:
+                        yield self.current()
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
+                await self.weights.aclose()
         finally:
             self._iterating = False
             if self._owned_prober is not None:

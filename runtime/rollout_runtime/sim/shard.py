@@ -3,6 +3,14 @@
 Endpoints: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, plus ``/admin/faults``
 (GET the faults; POST merges fields, PUT replaces them) and ``/admin/stats``.
 
+Weights, in SGLang's and vLLM's shapes: the shard holds a weights version (``"default"`` at every start, like
+SGLang without ``--weight-version``), reported by ``GET /weight_version`` and ``/get_weight_version`` (SGLang) and
+``GET /weight_info`` (vLLM dev mode) as ``{"weight_version": ...}``, and on every response as the
+``X-Weight-Version`` header (SGLang puts it in each response's ``meta_info``). ``POST /update_weights_from_disk``
+(SGLang: ``{"model_path", "weight_version"}`` -> ``{"success", "message"}``) and ``POST /update_weight_version``
+(``{"new_version"}``) change it. ``GET /metrics`` exports ``process_start_time_seconds``. A restarted process
+is back at ``"default"``: what a crashed server reloading its base checkpoint looks like.
+
 The "model" is deterministic so an environment can verify answers (:func:`expected_answer`): a prompt ending in an
 arithmetic question (``What is 12 * 7?``) is answered with the number; ``reverse: a b c`` with ``c b a``; anything
 else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enforced with vLLM's own 400 body.
@@ -103,6 +111,8 @@ class SimShardConfig(BaseModel):
     seed: int = 0
     """Seeds the random choices of ``error_rate`` and ``drop_rate``."""
     max_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
+    weight_version: Annotated[str, Field(min_length=1, max_length=256)] = "default"
+    """The weights version at start (SGLang's ``--weight-version``); every restart comes back at it."""
     faults: SimFaults = Field(default_factory=SimFaults)
 
 
@@ -237,6 +247,8 @@ class SimShard:
         self._clock = clock
         self._requests_until_crash = self.faults.crash_after_requests
         self._faults_set_at = self._clock()
+        self.weight_version = config.weight_version
+        self.started_at = time.time()
 
     def flapped_down(self) -> bool:
         """Whether a flapping shard is in its down half-period right now."""
@@ -250,7 +262,8 @@ class SimShard:
         return self.faults.wrong_model or self.config.model
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors_as_json])
+        middlewares = [self._errors_as_json, self._weight_version_header]
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
@@ -259,6 +272,7 @@ class SimShard:
         app.router.add_post("/admin/faults", self._merge_faults)
         app.router.add_put("/admin/faults", self._replace_faults)
         app.router.add_get("/admin/stats", self._get_stats)
+        self._add_weights_routes(app)
         return app
 
     # ------------------------------------------------------------------------------------------ plumbing
@@ -557,6 +571,61 @@ class SimShard:
 
     async def _get_stats(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(dict(self.stats))
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    def _add_weights_routes(self, app: web.Application) -> None:
+        app.router.add_get("/weight_version", self._get_weight_version)
+        app.router.add_get("/get_weight_version", self._get_weight_version)
+        app.router.add_get("/weight_info", self._get_weight_version)
+        app.router.add_post("/update_weights_from_disk", self._update_weights_from_disk)
+        app.router.add_post("/update_weight_version", self._update_weight_version)
+        app.router.add_get("/metrics", self._metrics)
+
+    @web.middleware
+    async def _weight_version_header(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        version = self.weight_version  # the version the request started at: an update mid-request shows
+        response = await handler(request)
+        if not response.prepared:
+            response.headers["X-Weight-Version"] = version
+        return response
+
+    async def _get_weight_version(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _update_weights_from_disk(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        path = body.get("model_path")
+        version = body.get("weight_version")
+        if not isinstance(path, str) or not path.strip():
+            return web.json_response({"success": False, "message": "model_path must be a non-empty path"}, status=400)
+        if version is not None and (not isinstance(version, (str, int)) or isinstance(version, bool)):
+            return web.json_response({"success": False, "message": "weight_version must be a string"}, status=400)
+        if path.startswith("/nonexistent"):
+            self.stats["refits_failed"] += 1
+            return web.json_response({"success": False, "message": f"failed to load weights from {path}"}, status=400)
+        if version is not None:
+            self.weight_version = str(version)[:256]
+        self.stats["refits"] += 1
+        return web.json_response({"success": True, "message": "Succeeded to update model weights."})
+
+    async def _update_weight_version(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        version = body.get("new_version")
+        if not isinstance(version, str) or not version:
+            raise _BadRequest("new_version must be a non-empty string")
+        self.weight_version = version[:256]
+        return web.json_response({"success": True, "message": f"weight version set to {self.weight_version}"})
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        text = (
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {self.started_at!r}\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
 
 
 def create_app(config: SimShardConfig | None = None) -> web.Application:

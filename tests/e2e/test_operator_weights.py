@@ -1,0 +1,146 @@
+"""Weights on the real kube-apiserver: a refit shard killed and restarted is Stale in its status and its fleet's,
+KubernetesShardSource routes nothing to it, and the trainer's refit brings it back.
+
+The FleetEngine runs in process (real KubeClient, real HTTP probes of sim shard subprocesses) so the test can feed
+it what discovery and the trainer would: the shard's instance identity (`FleetEngine.observe_instance`, read here
+with SGLang's `/weight_version` as the operator would read a pod's `<uid>:<restartCount>`) and the refit
+(`FleetEngine.record_refit`). State changes are awaited by watching the API, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fleet_operator.engine import FleetEngine
+from fleet_operator.kube import KubeClient
+from fleet_operator.settings import OperatorSettings
+from rollout_runtime.health import HttpProber
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.shards import KubernetesShardSource
+from rollout_runtime.sim import SimFleet
+from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk
+from support.controlplane import ControlPlane
+from support.deadlines import within
+from support.operator import api_client, status_of, wait_for_object
+
+pytestmark = pytest.mark.e2e
+
+API = "rolloutfleet.dev/v1alpha1"
+GS = "GenerationShard"
+PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
+
+
+def shard_object(name: str, endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": GS,
+        "metadata": {"name": name, "labels": {"fleet": "a"}},
+        "spec": {"endpoint": endpoint, "model": "sim-model", "maxModelLen": 4096, "probe": PROBE},
+    }
+
+
+def fleet_object() -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "RolloutFleet",
+        "metadata": {"name": "a"},
+        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}, "minReadyShards": 1},
+    }
+
+
+def in_set(obj: dict[str, Any]) -> set[str]:
+    return {entry["name"] for entry in status_of(obj).get("shards", [])}
+
+
+async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing_until_refit(
+    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path
+) -> None:
+    ns = fleet_namespace
+    identity = SGLangWeightVersion()
+    async with (
+        SimFleet(3, log_dir=tmp_path / "sim") as fleet,
+        api_client(fleet_crds.kubeconfig) as api,
+        aiohttp.ClientSession() as http,
+    ):
+        fleet_crds.apply(*(shard_object(s.name, s.endpoint) for s in fleet.shards), fleet_object(), namespace=ns)
+        settings = OperatorSettings(
+            namespaces=[ns],
+            probe_allow_loopback=True,
+            status_heartbeat_seconds=5,
+            fleet_coalesce_seconds=0.2,
+            leader_election=False,
+            http_port=0,
+        )
+        kube = KubeClient(await load_client_configuration(fleet_crds.kubeconfig), component="e2e", instance="e2e-0")
+        prober = HttpProber(settings.probe_policy())
+        engine = FleetEngine(settings, kube, prober)
+        names = set(fleet.names)
+
+        async def refit(name: str, version: int) -> None:
+            """What the trainer does: push the weights, read the instance they landed on, report the refit."""
+            endpoint = fleet.shard(name).endpoint
+            await update_weights_from_disk(http, endpoint, f"/ckpt/step-{version}", version)
+            landed = await identity.identity(http, name, endpoint)
+            assert landed == f"weight_version:{version}"
+            await engine.observe_instance(GS, ns, name, landed)
+            await engine.record_refit(GS, ns, name, version, landed)
+
+        await engine.prime()
+        running = asyncio.create_task(engine.run(), name="engine")
+        try:
+            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: in_set(o) == names)
+            for name in sorted(names):
+                await refit(name, 1)
+            await wait_for_object(
+                api, "generationshards", ns, "shard-0", lambda o: status_of(o).get("weightsVersion") == 1
+            )
+
+            await fleet.kill("shard-0")
+            await fleet.restart("shard-0")
+            restarted = await identity.identity(http, "shard-0", fleet.shard("shard-0").endpoint)
+            assert restarted == "weight_version:default", "the restart did not reset the weights"
+            transition = await engine.observe_instance(GS, ns, "shard-0", restarted)
+            assert transition is not None
+
+            shard = await wait_for_object(
+                api, "generationshards", ns, "shard-0", lambda o: status_of(o).get("phase") == "Stale"
+            )
+            assert status_of(shard)["instance"] == "weight_version:default"
+            assert "weightsVersion" not in status_of(shard)
+            fleet_obj = await wait_for_object(
+                api,
+                "rolloutfleets",
+                ns,
+                "a",
+                lambda o: status_of(o).get("staleShards") == 1 and "shard-0" not in in_set(o),
+            )
+            assert in_set(fleet_obj) == names - {"shard-0"}
+
+            source = KubernetesShardSource("a", ns, kubeconfig=fleet_crds.kubeconfig)
+            async with contextlib.aclosing(source.snapshots()) as snapshots:
+                snapshot = await within(anext(snapshots), "KubernetesShardSource's first snapshot")
+            assert snapshot.names() == frozenset(names - {"shard-0"}), "a Stale shard must get no traffic"
+
+            await refit("shard-0", 1)
+            await wait_for_object(
+                api,
+                "generationshards",
+                ns,
+                "shard-0",
+                lambda o: status_of(o).get("phase") == "Healthy" and status_of(o).get("weightsVersion") == 1,
+            )
+            await wait_for_object(
+                api, "rolloutfleets", ns, "a", lambda o: status_of(o).get("staleShards") == 0 and in_set(o) == names
+            )
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            await prober.close()
+            await kube.close()
