@@ -171,3 +171,38 @@ async def test_without_pod_discovery_pods_are_not_listed() -> None:
     await engine.prime()
     assert "pods" not in listed
     assert "endpointslices" not in listed
+
+
+def endpoint_slice(name: str, endpoints: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
+    """An EndpointSlice as the EndpointSlice controller writes it for Service ``vllm`` (port ``http``)."""
+    return {
+        "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": "vllm"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": [
+            {
+                "addresses": [address],
+                "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                "targetRef": {"kind": "Pod", "name": pod_name, "namespace": NS, "uid": uid},
+            }
+            for address, pod_name, uid, ready in endpoints
+        ],
+    }
+
+
+async def test_a_services_endpoint_slices_are_a_member_source_with_pod_identity() -> None:
+    api, prober = Api([pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(2,))]), Prober()
+    api.fleet["spec"]["shardPods"] = {"service": "vllm", "targetPort": {"name": "http"}, "probe": PROBE}
+    engine = engine_for(api, prober)
+    await engine.prime()
+    await engine.upsert(
+        "EndpointSlice",
+        endpoint_slice("vllm-a", [("10.1.0.5", "vllm-0", "u0", True), ("10.1.0.6", "vllm-1", "u1", True)]),
+    )
+    assert await published(engine, api) == {"vllm-0": "u0:2", "vllm-1": "u1"}
+    await engine.upsert("Pod", pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(3,)))  # identity from the pod
+    assert engine.instance_changes == 1
+    await engine.upsert("EndpointSlice", endpoint_slice("vllm-a", [("10.1.0.5", "vllm-0", "u0", True)]))
+    assert await published(engine, api) == {"vllm-0": "u0:3"}
+    await engine.delete("EndpointSlice", NS, "vllm-a")
+    assert await published(engine, api) == {}
