@@ -666,10 +666,12 @@ class PodResult:
     probes_per_second: float
     requests_per_second: dict[str, float]
     """Operator requests per second in the steady window, by verb (the benchmark itself makes none then)."""
+    open_watches: float
+    """Watches open on the resources the operator reads (apiserver_longrunning_requests)."""
     churn_seconds: float
-    """Seconds the churn took (every replacement created and reported Ready)."""
+    """Seconds from the first to the last replacement (each: force-delete, create, report Ready)."""
     right_after_churn: float | None
-    """Seconds from the end of the churn until every fleet's published set is the new set of pods."""
+    """Seconds from the last replacement until every fleet's published set is the new set of pods."""
     churn_lists: float
     """LIST requests on pods during the churn (watch, never poll: 0 expected)."""
     churn_requests_per_second: dict[str, float]
@@ -830,6 +832,10 @@ def _measure_pods(
         after_op, after_api = scrape(metrics_url), api.metrics()
         before_requests = _requests(before_api)
         steady = {verb: (n - before_requests[verb]) / elapsed for verb, n in _requests(after_api).items()}
+        watches = sum(
+            metric_sum(after_api, "apiserver_longrunning_requests", verb="WATCH", resource=resource)
+            for resource in POD_FLEET_RESOURCES
+        )
         probes = metric_sum(after_op, "fleet_probe_duration_seconds_count") - metric_sum(
             before_op, "fleet_probe_duration_seconds_count"
         )
@@ -838,24 +844,26 @@ def _measure_pods(
         victims = specs[:: max(1, len(specs) // churn_size)][:churn_size]
         batches = 10
         churn_api0 = api.metrics()
-        churn_start = time.monotonic()
+        churn_start = last_change = time.monotonic()
         for b in range(batches):
             batch = victims[b::batches]
             fresh = [(f"new-{name}", fleet, port) for name, fleet, port in batch]
+            if not batch:
+                continue
             asyncio.run(_pods(plane, fresh, [name for name, _f, _p in batch]))
+            last_change = time.monotonic()
             for (old, fleet, _port), (new, _f, _p) in zip(batch, fresh, strict=True):
                 expected[fleet].discard(old)
                 expected[fleet].add(new)
             pause = churn_start + (b + 1) * (10.0 / batches) - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-        churn_seconds = time.monotonic() - churn_start
-        churn_end = time.monotonic()
+        churn_seconds = last_change - churn_start
         right: float | None = None
-        deadline = churn_end + 10 * scale.failure_threshold * scale.period + 60
+        deadline = last_change + 10 * scale.failure_threshold * scale.period + 60
         while time.monotonic() < deadline:
             if fleets_right():
-                right = time.monotonic() - churn_end
+                right = time.monotonic() - last_change
                 break
             time.sleep(0.1)
         churn_elapsed = time.monotonic() - churn_start
@@ -873,6 +881,7 @@ def _measure_pods(
             baseline_probes=baseline[1],
             probes_per_second=probes / elapsed,
             requests_per_second=steady,
+            open_watches=watches,
             churn_seconds=churn_seconds,
             right_after_churn=right,
             churn_lists=lists,
@@ -892,10 +901,10 @@ def report_pods(scale: Scale, r: PodResult) -> None:
     print(f"  operator CPU (share of one core):  {r.cpu_share:8.1%}   bare prober {r.baseline_cpu:.1%}")
     print(f"  probes per second sustained:       {r.probes_per_second:8.1f}   bare prober {r.baseline_probes:.1f}")
     rates = ", ".join(f"{verb} {rate:.2f}" for verb, rate in r.requests_per_second.items())
-    print(f"  operator API requests/s, steady (by verb): {rates}")
+    print(f"  operator API requests/s, steady (by verb): {rates}; watches open: {r.open_watches:.0f}")
     print(
         f"  churn: {churned} pods replaced in {r.churn_seconds:.1f} s; every fleet right again "
-        f"{_s(r.right_after_churn)} s after the last replacement; pod LISTs during churn: {r.churn_lists:.0f}; "
+        f"{_s(r.right_after_churn)} s after the last one; pod LISTs during churn: {r.churn_lists:.0f}; "
         f"status PATCH/s during churn: {r.churn_requests_per_second.get('PATCH', 0):.2f}"
     )
     print(f"\n{MARKER} (pods):")
