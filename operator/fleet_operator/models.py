@@ -470,9 +470,9 @@ class HealthySetEntry(_KubeModel):
     weight: Annotated[float, Field(gt=0)] = 1.0
     last_success_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     """Latest successful probe (heartbeat granularity): the runtime un-ejects a shard a probe vouched for since."""
-    instance: Annotated[str, Field(max_length=128)] | None = None
+    instance: Annotated[str, Field(max_length=128)] | None = Field(default=None, exclude_if=lambda v: v is None)
     """For a pod member: ``<pod uid>:<total container restarts>`` (for a LeaderWorkerSet, the leader's); it changes
-    when the server behind the name restarts or is replaced."""
+    when the server behind the name restarts or is replaced. Absent for GenerationShard objects."""
 
 
 class EnvironmentServerEntry(_KubeModel):
@@ -484,8 +484,8 @@ class EnvironmentServerEntry(_KubeModel):
     max_concurrent_episodes: Annotated[int, Field(ge=1)] | None = None
     episode_timeout_seconds: Annotated[float, Field(gt=0)] | None = None
     weight: Annotated[float, Field(gt=0)] = 1.0
-    instance: Annotated[str, Field(max_length=128)] | None = None
-    """For a pod member: ``<pod uid>:<total container restarts>``."""
+    instance: Annotated[str, Field(max_length=128)] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """For a pod member: ``<pod uid>:<total container restarts>``. Absent for EnvironmentServer objects."""
 
 
 class RolloutFleetStatus(_KubeModel):
