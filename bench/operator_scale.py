@@ -17,6 +17,7 @@ tool cache, and ``rollout-fleet operator`` as its own process. Measured:
 
     python bench/operator_scale.py            # full: 1000 shards, 10 fleets, 5 s probes, 120 s window (~5 min)
     python bench/operator_scale.py --smoke    # 20 shards, 2 fleets (CI)
+    python bench/operator_scale.py --pods     # pod mode: 1,000 selected pods over 10 fleets, then 100 replaced in 10 s
 
 Needs kube-apiserver and etcd from ``bash scripts/install-tools.sh``.
 """
@@ -648,6 +649,270 @@ def report(scale: Scale, r: Result) -> None:
         )
 
 
+# -- pod mode: fleets that select pods ---------------------------------------------------------------------------
+
+POD_FLEET_RESOURCES = ("pods", "endpointslices", *(names.plural for names in kinds.KINDS), "events")
+"""What the operator talks to in pod mode (apiserver_request_total by resource)."""
+
+
+@dataclass
+class PodResult:
+    pods: int
+    fleets: int
+    settle_seconds: float
+    cpu_share: float
+    baseline_cpu: float
+    baseline_probes: float
+    probes_per_second: float
+    requests_per_second: dict[str, float]
+    """Operator requests per second in the steady window, by verb (the benchmark itself makes none then)."""
+    open_watches: float
+    """Watches open on the resources the operator reads (apiserver_longrunning_requests)."""
+    churn_seconds: float
+    """Seconds from the first to the last replacement (each: force-delete, create, report Ready)."""
+    right_after_churn: float | None
+    """Seconds from the last replacement until every fleet's published set is the new set of pods."""
+    churn_lists: float
+    """LIST requests on pods during the churn (watch, never poll: 0 expected)."""
+    churn_requests_per_second: dict[str, float]
+
+
+def _requests(api_metrics: str, verbs: Sequence[str] = ("LIST", "WATCH", "GET", "PATCH", "POST")) -> dict[str, float]:
+    return {
+        verb: sum(
+            metric_sum(api_metrics, "apiserver_request_total", verb=verb, resource=resource)
+            for resource in POD_FLEET_RESOURCES
+        )
+        for verb in verbs
+    }
+
+
+def pod_body(name: str, fleet: str, port: int) -> dict[str, Any]:
+    """A pod bound to the loopback node; its status (127.0.0.1, Ready) is written next, as a kubelet would."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"fleet": fleet}},
+        "spec": {
+            "nodeName": "bench-node",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "sim", "ports": [{"name": "http", "containerPort": port}]}],
+        },
+    }
+
+
+POD_STATUS = {
+    "phase": "Running",
+    "podIP": "127.0.0.1",
+    "podIPs": [{"ip": "127.0.0.1"}],
+    "conditions": [{"type": "Ready", "status": "True"}],
+    "containerStatuses": [
+        {"name": "c", "ready": True, "restartCount": 0, "image": "sim", "imageID": "", "state": {"running": {}}}
+    ],
+}
+
+
+async def _pods(plane: ControlPlane, create: Sequence[tuple[str, str, int]], delete: Sequence[str] = ()) -> None:
+    """Create pods (name, fleet, port) and report them Ready, and force-delete others, 32 requests at a time."""
+    from kubernetes_asyncio import client, config
+
+    async with await config.new_client_from_config(config_file=str(plane.kubeconfig)) as api:
+        core = client.CoreV1Api(api)
+        limit = asyncio.Semaphore(32)
+
+        async def one(name: str, fleet: str, port: int) -> None:
+            async with limit:
+                await core.create_namespaced_pod(NAMESPACE, pod_body(name, fleet, port))
+                await core.patch_namespaced_pod_status(name, NAMESPACE, {"status": POD_STATUS})
+
+        async def gone(name: str) -> None:
+            async with limit:
+                await core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+        await asyncio.gather(*(one(*spec) for spec in create), *(gone(name) for name in delete))
+
+
+def pod_fleet(name: str, probe: dict[str, Any]) -> dict[str, Any]:
+    """A RolloutFleet selecting the pods labelled ``fleet: <name>`` at their container port ``http``."""
+    selection = {"selector": {"matchLabels": {"fleet": name}}, "targetPort": {"name": "http"}, "probe": probe}
+    return {
+        "apiVersion": kinds.API_VERSION,
+        "kind": kinds.ROLLOUT_FLEET.kind,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"shardPods": {**selection, "model": "sim-model"}},
+    }
+
+
+def run_pods(scale: Scale, keep: bool, crds: Path) -> PodResult:
+    """1,000 selected pods over 10 fleets on the real apiserver, then churn: 100 pods replaced within 10 s."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench-operator-pods-"))
+    plane = ControlPlane(workdir / "plane")
+    churn_size = max(1, scale.shards // 10)
+    try:
+        plane.start()
+        plane.kubectl("apply", "-f", str(crds))
+        for names in kinds.KINDS:
+            plane.kubectl("wait", "--for=condition=Established", f"crd/{names.crd_name}", "--timeout=60s")
+        plane.create_namespace(NAMESPACE)
+        plane.apply(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}, namespace=NAMESPACE
+        )
+        plane.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-node"}})
+        with sim_processes(scale.sims, workdir / "sims") as sims:
+            specs = [(f"pod-{i:04d}", f"fleet-{i % scale.fleets}", sims.ports[i % len(sims.ports)])
+                     for i in range(scale.shards)]  # fmt: skip
+            t = time.monotonic()
+            asyncio.run(_pods(plane, specs))
+            probe = {"periodSeconds": scale.period, "timeoutSeconds": scale.timeout,
+                     "failureThreshold": scale.failure_threshold, "successThreshold": 2}  # fmt: skip
+            create(plane, [pod_fleet(f"fleet-{f}", probe) for f in range(scale.fleets)])
+            took = time.monotonic() - t
+            print(f"  created {scale.shards} Ready pods and {scale.fleets} pod-selecting fleets in {took:.1f}s")
+            layout = {name: (fleet, f"http://127.0.0.1:{port}") for name, fleet, port in specs}
+            no_holes = Scale(**{**vars(scale), "blackholes": 0})
+            baseline_cpu, _rss, baseline_probes = run_baseline(no_holes, layout, workdir)
+            print(f"  baseline bare prober: {baseline_cpu:.1%} CPU, {baseline_probes:.0f} probes/s")
+            return _measure_pods(scale, plane, workdir, specs, churn_size, (baseline_cpu, baseline_probes))
+    finally:
+        plane.stop()
+        if keep:
+            print(f"  kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _measure_pods(
+    scale: Scale,
+    plane: ControlPlane,
+    workdir: Path,
+    specs: list[tuple[str, str, int]],
+    churn_size: int,
+    baseline: tuple[float, float],
+) -> PodResult:
+    api = Api(plane)
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLEET_OPERATOR_KUBECONFIG": str(plane.kubeconfig),
+        "FLEET_OPERATOR_NAMESPACES": NAMESPACE,
+        "FLEET_OPERATOR_LEADER_ELECTION": "false",
+        "FLEET_OPERATOR_PROBE_ALLOW_LOOPBACK": "true",
+        "FLEET_OPERATOR_HTTP_HOST": "127.0.0.1",
+        "FLEET_OPERATOR_HTTP_PORT": str(port),
+        "FLEET_OPERATOR_LOG_LEVEL": "WARNING",
+        "FLEET_OPERATOR_STATUS_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+    }
+    operator = ManagedProcess("operator", [ROLLOUT_FLEET, "operator"], workdir / "operator.log", env=env)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    expected: dict[str, set[str]] = collections.defaultdict(set)
+    for name, fleet, _port in specs:
+        expected[fleet].add(name)
+
+    def fleets_right() -> bool:
+        published = {
+            f["metadata"]["name"]: {e["name"] for e in f.get("status", {}).get("shards", [])} for f in api.fleets()
+        }
+        return all(published.get(fleet) == names for fleet, names in expected.items())
+
+    started = time.monotonic()
+    operator.start()
+    try:
+        wait_until(fleets_right, timeout=max(600.0, 20 * scale.period), what="every fleet's pods healthy",
+                   process=operator, interval=0.25)  # fmt: skip
+        settle = time.monotonic() - started
+        print(f"  operator: every fleet publishes its pods {settle:.1f}s after start")
+        time.sleep(min(scale.period, 5.0))
+        pid = operator.pid
+        assert pid is not None
+        before_op, before_api = scrape(metrics_url), api.metrics()
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(scale.window)  # the steady window: nothing but the operator talks to the apiserver
+        elapsed = time.monotonic() - t0
+        cpu1 = cpu_seconds(pid)
+        after_op, after_api = scrape(metrics_url), api.metrics()
+        before_requests = _requests(before_api)
+        steady = {verb: (n - before_requests[verb]) / elapsed for verb, n in _requests(after_api).items()}
+        watches = sum(
+            metric_sum(after_api, "apiserver_longrunning_requests", verb="WATCH", resource=resource)
+            for resource in POD_FLEET_RESOURCES
+        )
+        probes = metric_sum(after_op, "fleet_probe_duration_seconds_count") - metric_sum(
+            before_op, "fleet_probe_duration_seconds_count"
+        )
+
+        # Churn: replace churn_size pods (force-delete, create a new one on the same port) spread over 10 s.
+        victims = specs[:: max(1, len(specs) // churn_size)][:churn_size]
+        batches = 10
+        churn_api0 = api.metrics()
+        churn_start = last_change = time.monotonic()
+        for b in range(batches):
+            batch = victims[b::batches]
+            fresh = [(f"new-{name}", fleet, port) for name, fleet, port in batch]
+            if not batch:
+                continue
+            asyncio.run(_pods(plane, fresh, [name for name, _f, _p in batch]))
+            last_change = time.monotonic()
+            for (old, fleet, _port), (new, _f, _p) in zip(batch, fresh, strict=True):
+                expected[fleet].discard(old)
+                expected[fleet].add(new)
+            pause = churn_start + (b + 1) * (10.0 / batches) - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        churn_seconds = last_change - churn_start
+        right: float | None = None
+        deadline = last_change + 10 * scale.failure_threshold * scale.period + 60
+        while time.monotonic() < deadline:
+            if fleets_right():
+                right = time.monotonic() - last_change
+                break
+            time.sleep(0.1)
+        churn_elapsed = time.monotonic() - churn_start
+        churn_api1 = api.metrics()
+        lists = metric_sum(churn_api1, "apiserver_request_total", verb="LIST", resource="pods") - metric_sum(
+            churn_api0, "apiserver_request_total", verb="LIST", resource="pods"
+        )
+        churn_rates = {"PATCH": (status_patches(churn_api1) - status_patches(churn_api0)) / churn_elapsed}
+        return PodResult(
+            pods=len(specs),
+            fleets=scale.fleets,
+            settle_seconds=settle,
+            cpu_share=(cpu1 - cpu0) / elapsed,
+            baseline_cpu=baseline[0],
+            baseline_probes=baseline[1],
+            probes_per_second=probes / elapsed,
+            requests_per_second=steady,
+            open_watches=watches,
+            churn_seconds=churn_seconds,
+            right_after_churn=right,
+            churn_lists=lists,
+            churn_requests_per_second=churn_rates,
+        )
+    finally:
+        operator.stop()
+
+
+def report_pods(scale: Scale, r: PodResult) -> None:
+    churned = max(1, scale.shards // 10)
+    print(
+        f"\n{r.pods} selected pods over {r.fleets} fleets (shardPods by label, one member per pod), probes every "
+        f"{scale.period:g}s, window {scale.window:g}s"
+    )
+    print(f"  every fleet publishes its pods after operator start: {r.settle_seconds:8.1f} s")
+    print(f"  operator CPU (share of one core):  {r.cpu_share:8.1%}   bare prober {r.baseline_cpu:.1%}")
+    print(f"  probes per second sustained:       {r.probes_per_second:8.1f}   bare prober {r.baseline_probes:.1f}")
+    rates = ", ".join(f"{verb} {rate:.2f}" for verb, rate in r.requests_per_second.items())
+    print(f"  operator API requests/s, steady (by verb): {rates}; watches open: {r.open_watches:.0f}")
+    print(
+        f"  churn: {churned} pods replaced in {r.churn_seconds:.1f} s; every fleet right again "
+        f"{_s(r.right_after_churn)} s after the last one; pod LISTs during churn: {r.churn_lists:.0f}; "
+        f"status PATCH/s during churn: {r.churn_requests_per_second.get('PATCH', 0):.2f}"
+    )
+    print(f"\n{MARKER} (pods):")
+    print(f"  operator CPU / bare prober CPU:      {r.cpu_share / r.baseline_cpu:6.2f}x" if r.baseline_cpu else "")
+    if r.right_after_churn is not None:
+        print(f"  churn end -> fleets right / period:  {r.right_after_churn / scale.period:6.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
@@ -655,6 +920,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, help="override the steady window (seconds)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, etcd data)")
     parser.add_argument("--crds", type=Path, default=REPO / "crds", help="CRD directory to install (default: crds/)")
+    parser.add_argument("--pods", action="store_true", help="pod mode: fleets select pods; then churn")
     parser.add_argument("--bare-prober", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -667,6 +933,9 @@ def main() -> None:
     if args.window:
         scale = Scale(**{**vars(scale), "window": args.window})
     print(f"operator scale benchmark: {scale}")
+    if args.pods:
+        report_pods(scale, run_pods(scale, args.keep, args.crds))
+        return
     report(scale, run(scale, args.keep, args.crds))
 
 

@@ -13,6 +13,7 @@ pytest_plugins = [
     "support.loops",
     "support.tools",
     "support.controlplane",
+    "support.controllers",
     "support.helm",
     "support.prometheus",
     "support.chart",

@@ -114,6 +114,10 @@ class Member:
     weights_version: int | None = None
     stale: bool = False
     """Stale or Refitting: restarted since its last refit (or being refit)."""
+    fleet: str | None = None
+    """A pod member's fleet: only that fleet selects it (its selectors do not apply)."""
+    instance: str | None = None
+    """A pod member's instance identity, published with it."""
 
 
 def shard_status(
@@ -200,6 +204,18 @@ def _names(members: Iterable[Member]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def _selected(members: list[Member], kind: str, selector: LabelSelector | None, fleet: str | None) -> list[Member]:
+    """A fleet's members of ``kind``: objects its selector matches, then its own pod members with a name not taken."""
+    objects = [
+        m
+        for m in members
+        if m.kind == kind and m.fleet is None and selector is not None and selector_matches(selector, m.labels)
+    ]
+    taken = {m.name for m in objects}
+    pods = [m for m in members if m.kind == kind and fleet is not None and m.fleet == fleet and m.name not in taken]
+    return objects + pods
+
+
 def fleet_status(
     spec: RolloutFleetSpec,
     members: Iterable[Member],
@@ -207,18 +223,16 @@ def fleet_status(
     generation: int | None,
     previous: RolloutFleetStatus | None,
     now: float,
+    fleet: str | None = None,
 ) -> RolloutFleetStatus:
-    """The fleet's status from its selected members (callers pass only members in the fleet's namespace)."""
-    shards = [m for m in members if m.kind == GENERATION_SHARD and selector_matches(spec.shard_selector, m.labels)]
-    environments = (
-        [
-            m
-            for m in members
-            if m.kind == ENVIRONMENT_SERVER and selector_matches(spec.environment_server_selector, m.labels)
-        ]
-        if spec.environment_server_selector is not None
-        else []
-    )
+    """The fleet's status from its selected members (callers pass only members in the fleet's namespace).
+
+    ``fleet``: the fleet's name, which selects its pod members (:attr:`Member.fleet`). A pod member named like a
+    GenerationShard or EnvironmentServer the fleet also selects is left out: names in the healthy set are unique.
+    """
+    members = list(members)
+    shards = _selected(members, GENERATION_SHARD, spec.shard_selector, fleet)
+    environments = _selected(members, ENVIRONMENT_SERVER, spec.environment_server_selector, fleet)
     healthy_shards = sorted((m for m in shards if m.phase.serving), key=lambda m: m.name)
     healthy_envs = sorted((m for m in environments if m.phase.serving), key=lambda m: m.name)
     shard_entries = [
@@ -229,6 +243,7 @@ def fleet_status(
             max_model_len=m.spec.max_model_len if isinstance(m.spec, GenerationShardSpec) else None,
             weight=m.spec.weight,
             last_success_time=rfc3339(m.last_success_at) if m.last_success_at else None,
+            instance=m.instance,
         )
         for m in healthy_shards
     ]
@@ -244,6 +259,7 @@ def fleet_status(
                 m.spec.episode_timeout_seconds if isinstance(m.spec, EnvironmentServerSpec) else None
             ),
             weight=m.spec.weight,
+            instance=m.instance,
         )
         for m in healthy_envs
     ]

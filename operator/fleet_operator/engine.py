@@ -7,6 +7,10 @@ probe list with them. Two tasks run while the operator leads:
 
 - the probe loop drives ``HealthMonitor.rounds()`` (the runtime's one probe + hysteresis implementation) and turns
   results into metrics and transitions into Events and dirty marks;
+- pod members (:mod:`fleet_operator.discovery`): the Pods and EndpointSlices the handlers pass in are kept in
+  tables; a fleet's ``shardPods``/``environmentServerPods`` turn them into targets like GenerationShards (records
+  with ``fleet`` set: probed and published, never written to). Every change of a member's instance identity goes
+  through :meth:`FleetEngine._observe_instance` (a refit member becomes Stale);
 - the writer follows :mod:`fleet_operator.schedule` (when, in what order, retries) and
   :mod:`fleet_operator.decisions` (what the statuses say, whether they need a write): target statuses at once on a
   phase change and otherwise on a heartbeat; fleet statuses ``fleet_coalesce_seconds`` after the first change (a
@@ -44,6 +48,17 @@ from fleet_operator.decisions import (
     shard_status,
     transition_event,
 )
+from fleet_operator.discovery import (
+    PodView,
+    SliceView,
+    member_spec,
+    observe_endpoint_slice,
+    observe_pod,
+    pod_member,
+    selections,
+    slice_members,
+    target_name,
+)
 from fleet_operator.kube import KubeApi, StatusWriteError, WriteOutcome
 from fleet_operator.metrics import FleetMetrics
 from fleet_operator.models import RolloutFleetStatus, ShardStatus
@@ -53,9 +68,11 @@ from fleet_operator.records import (
     Record,
     Records,
     TargetKey,
+    TargetObservation,
     TargetRecord,
     expected_model,
     observe_fleet,
+    observe_member,
     observe_target,
     parse_status,
 )
@@ -78,6 +95,8 @@ __all__ = ["PLURALS", "ROLLOUT_FLEET", "FleetEngine", "TargetKey"]
 log = logging.getLogger(__name__)
 
 PLURALS: Final[Mapping[str, str]] = {kind: names.plural for kind, names in kinds.BY_KIND.items()}
+POD: Final[str] = kinds.POD.kind
+ENDPOINT_SLICE: Final[str] = kinds.ENDPOINT_SLICE.kind
 _MAX_PENDING_EVENTS: Final[int] = 1000
 
 
@@ -85,6 +104,18 @@ _MAX_PENDING_EVENTS: Final[int] = 1000
 class _Event:
     ref: Record
     note: EventNote
+
+
+def _persisted_member(
+    written: Mapping[str, Any] | None, kind: str, name: str, instance: str
+) -> Mapping[str, Any] | None:
+    """A pod member's health as its fleet's persisted status shows it: in the healthy set with the same instance
+    means it was Healthy (a restarted operator resumes it there instead of emptying the set); otherwise nothing."""
+    key = "shards" if kind == GENERATION_SHARD else "environmentServers"
+    for entry in (written or {}).get(key) or []:
+        if isinstance(entry, dict) and entry.get("name") == name and entry.get("instance") == instance:
+            return {"phase": HealthPhase.HEALTHY.value}
+    return None
 
 
 class FleetEngine:
@@ -116,6 +147,12 @@ class FleetEngine:
         self._synced = asyncio.Event()
         self._priming: dict[TargetKey, Mapping[str, Any]] | None = None
         """While priming: new targets' persisted statuses, synced into the monitor once at the end."""
+        self._pods: dict[str, dict[str, PodView]] = {}
+        """namespace -> pod name -> what its latest watch event said."""
+        self._slices: dict[str, dict[str, SliceView]] = {}
+        """namespace -> EndpointSlice name -> what its latest watch event said."""
+        self.instance_changes = 0
+        """Instance identity changes seen on known pod members (restarts, replaced pods)."""
         self.writes: dict[str, int] = {GENERATION_SHARD: 0, ENVIRONMENT_SERVER: 0, ROLLOUT_FLEET: 0}
         """Status writes made, by kind (also exported as fleet_status_writes_total)."""
 
@@ -138,10 +175,14 @@ class FleetEngine:
         """
         namespaces: list[str | None] = list(self._settings.namespaces) or [None]
         self._priming = {}
+        listed = [(kinds.POD.plural, POD), (kinds.ENDPOINT_SLICE.plural, ENDPOINT_SLICE)]
+        if not self._settings.pod_discovery:
+            listed = []
+        listed += [(PLURALS[kind], kind) for kind in (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET)]
         try:
-            for kind in (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET):
+            for plural, kind in listed:  # pods first: a fleet listed later finds its pod members at once
                 for namespace in namespaces:
-                    for body in await self._list_with_retry(PLURALS[kind], namespace):
+                    for body in await self._list_with_retry(plural, namespace):
                         await self.upsert(kind, body)
         finally:
             primed, self._priming = self._priming, None
@@ -172,6 +213,12 @@ class FleetEngine:
         """An object was listed, added or modified (our own status writes included: cheap when nothing changed)."""
         if kind == ROLLOUT_FLEET:
             self._upsert_fleet(body)
+            meta = body.get("metadata") or {}
+            await self._sync_pod_members(str(meta.get("namespace", "")), fleet=str(meta.get("name", "")))
+        elif kind == POD:
+            await self._upsert_pod(body)
+        elif kind == ENDPOINT_SLICE:
+            await self._upsert_slice(body)
         else:
             await self._upsert_target(kind, body)
         self._wake.set()
@@ -181,6 +228,8 @@ class FleetEngine:
         if kind == ROLLOUT_FLEET:
             if self._records.fleets.pop(FleetKey(namespace, name), None) is not None:
                 self._metrics.forget_fleet(namespace, name)
+            for key in self._records.pod_members(namespace, name):
+                self.forget(*key)
             return
         target = self._records.targets.pop(TargetKey(kind, namespace, name), None)
         if target is None:
@@ -191,7 +240,9 @@ class FleetEngine:
         self._wake.set()
 
     async def _upsert_target(self, kind: str, body: Mapping[str, Any]) -> None:
-        seen = observe_target(kind, body, self._settings.cluster_domain, self._policy)
+        await self._apply_target(observe_target(kind, body, self._settings.cluster_domain, self._policy))
+
+    async def _apply_target(self, seen: TargetObservation) -> None:
         key = seen.key
         if self._records.replaced(seen):
             self.forget(*key)
@@ -209,6 +260,125 @@ class FleetEngine:
             await self._monitor.set_draining(key, seen.spec.drain)
         if update.probe_changed or update.labels_changed:
             self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Pod members
+
+    async def _upsert_pod(self, body: Mapping[str, Any]) -> None:
+        pod = observe_pod(body)
+        self._pods.setdefault(pod.namespace, {})[pod.name] = pod
+        await self._sync_pod_members(pod.namespace, pod=pod.name)
+
+    async def _upsert_slice(self, body: Mapping[str, Any]) -> None:
+        view = observe_endpoint_slice(body)
+        previous = self._slices.setdefault(view.namespace, {}).get(view.name)
+        self._slices[view.namespace][view.name] = view
+        services = {name for name in (view.service, previous.service if previous else None) if name is not None}
+        await self._sync_pod_members(view.namespace, services=services)
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        """An object was deleted (a pod or EndpointSlice takes its members with it)."""
+        if kind == POD:
+            self._pods.get(namespace, {}).pop(name, None)
+            await self._sync_pod_members(namespace, pod=name)
+        elif kind == ENDPOINT_SLICE:
+            gone = self._slices.get(namespace, {}).pop(name, None)
+            services = {gone.service} if gone is not None and gone.service is not None else set()
+            await self._sync_pod_members(namespace, services=services)
+        else:
+            self.forget(kind, namespace, name)
+        self._wake.set()
+
+    async def _sync_pod_members(
+        self,
+        namespace: str,
+        *,
+        fleet: str | None = None,
+        pod: str | None = None,
+        services: set[str] | None = None,
+    ) -> None:
+        """Bring the pod members of the fleets in ``namespace`` up to date with the pod and slice tables.
+
+        Scope: one ``fleet`` (its spec changed: everything of it is recomputed), one ``pod`` (label selections
+        look at that pod only; Service selections are recomputed, since a pod's identity and readiness feed them),
+        or the fleets following one of ``services`` (a slice changed).
+        """
+        pods = self._pods.get(namespace, {})
+        slices = list(self._slices.get(namespace, {}).values())
+        full = pod is None and services is None
+        for record in list(self._records.fleets.values()):
+            if record.namespace != namespace or (fleet is not None and record.name != fleet):
+                continue
+            chosen = selections(record.spec) if record.spec is not None else []
+            known = self._records.pod_members(namespace, record.name)
+            decided: set[TargetKey] = set()
+            """The keys this pass decides about: members outside its scope are left as they are."""
+            if full:
+                decided = {key for key in known if key.kind not in {kind for kind, _ in chosen}}
+            wanted: set[TargetKey] = set()
+            for kind, selection in chosen:
+                of_kind = {key for key in known if key.kind == kind}
+                if selection.service is not None:
+                    if pod is None and services is not None and selection.service not in services:
+                        continue
+                    members = slice_members(selection, slices, pods)
+                    decided |= of_kind
+                elif services is not None:
+                    continue
+                elif pod is not None:
+                    view = pods.get(pod)
+                    found = pod_member(selection, view) if view is not None else None
+                    members = [found] if found is not None else []
+                    decided.add(TargetKey(kind, namespace, target_name(record.name, pod)))
+                else:
+                    members = [m for view in pods.values() if (m := pod_member(selection, view)) is not None]
+                    decided |= of_kind
+                for member in members:
+                    seen = observe_member(
+                        kind,
+                        namespace,
+                        record.name,
+                        member,
+                        member_spec(selection, member),
+                        self._policy,
+                        status=_persisted_member(record.write.written, kind, member.name, member.instance),
+                    )
+                    wanted.add(seen.key)
+                    before = self._records.targets.get(seen.key)
+                    if seen.invalid is not None and (before is None or before.invalid != seen.invalid):
+                        log.warning("fleet %s/%s: not probing %s", namespace, record.name, seen.invalid)
+                    await self._apply_target(seen)
+                    await self._observe_instance(seen.key, member.instance)
+            for key in decided - wanted:
+                if key in self._records.targets:
+                    self.forget(*key)
+
+    async def _observe_instance(self, key: TargetKey, instance: str | None) -> None:
+        """THE one place a pod member's instance identity is recorded, and where a change of it is acted on.
+
+        ``instance`` is ``<pod uid>:<total container restarts>``: a change means the server behind the member
+        restarted in place or was replaced, so it holds base weights and what its probes earned says nothing of the
+        new one. The identity goes to the member's health state (:meth:`observe_instance`): a member that was refit
+        becomes Stale until the trainer refits it again. A member that was never refit (weights not tracked) starts
+        over instead (Pending: it must pass ``successThreshold`` probes again before it takes traffic).
+        """
+        target = self._records.targets.get(key)
+        if target is None or target.instance == instance:
+            return
+        previous, target.instance = target.instance, instance
+        await self.observe_instance(*key, instance)  # also records the first identity seen
+        if previous is None:
+            return  # the first identity seen: nothing to compare with
+        self.instance_changes += 1
+        log.info("%s %s/%s: new instance %s (was %s)", *key, instance, previous)
+        state = self._monitor.states.get(key)
+        stale = state is not None and (state.stale or state.refitting)
+        if not stale and target.spec is not None and key in self._monitor.states and self._priming is None:
+            self._sync_monitor(reset={key})
+            await self.observe_instance(*key, instance)  # the fresh state knows the new instance
+            if target.spec.drain:
+                await self._monitor.set_draining(key, True)
+        self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
 
     def _upsert_fleet(self, body: Mapping[str, Any]) -> None:
         seen = observe_fleet(body)
@@ -303,7 +473,8 @@ class FleetEngine:
             1 if transition.to_phase.serving else 0
         )
         note = transition_event(transition)
-        self._events.append(_Event(ref=target, note=note))
+        if not target.derived:  # a pod member has no object of its own: its fleet's conditions name it
+            self._events.append(_Event(ref=target, note=note))
         self._records.dirty_fleets(key.namespace, asyncio.get_running_loop().time())
         log.info("%s %s/%s: %s", *key, note.message)
 
@@ -375,6 +546,8 @@ class FleetEngine:
                 group.create_task(one(target, desired))
 
     def _target_status(self, key: TargetKey, target: TargetRecord) -> dict[str, Any] | None:
+        if target.derived:
+            return None  # a pod member: published in its fleet's status only
         previous = parse_status(ShardStatus, target.write.written)
         if target.spec is None:
             if target.invalid is None:
@@ -411,6 +584,7 @@ class FleetEngine:
             generation=fleet.generation,
             previous=before,
             now=self._wall(),
+            fleet=fleet.name,
         )
         desired = status.model_dump(mode="json", by_alias=True)
         self._metrics.healthy_shards.labels(fleet.namespace, fleet.name).set(status.ready_shards)

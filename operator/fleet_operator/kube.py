@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import inspect
+import json
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import aiohttp
@@ -17,6 +19,7 @@ import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rollout_runtime.kube import kinds
 from rollout_runtime.kube.errors import api_error_is_transient
 from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 
@@ -162,9 +165,33 @@ class KubeClient:
             ) from exc
 
     async def list_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+        builtin = kinds.BUILTIN_KINDS.get(plural)
+        if builtin is not None:
+            return await self._list_builtin(builtin, namespace)
         if namespace is None:
             response = await self._custom.list_cluster_custom_object(GROUP, VERSION, plural)
         else:
             response = await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
         items: list[dict[str, Any]] = response.get("items", [])
+        return items
+
+    async def _list_builtin(self, names: kinds.BuiltinKind, namespace: str | None) -> list[dict[str, Any]]:
+        """List a built-in kind as plain dicts (the shape watch events have), not generated models."""
+        call: Callable[..., Awaitable[Any]]
+        if names is kinds.POD:
+            call = self._core.list_namespaced_pod if namespace else self._core.list_pod_for_all_namespaces
+        else:
+            discovery = client.DiscoveryV1Api(self._api)
+            call = (
+                discovery.list_namespaced_endpoint_slice
+                if namespace
+                else discovery.list_endpoint_slice_for_all_namespaces
+            )
+        args = (namespace,) if namespace else ()
+        response: Any = await call(*args, _preload_content=False)  # the raw response: JSON as watch events carry it
+        try:
+            body = json.loads(await response.read())
+        finally:
+            response.release()
+        items: list[dict[str, Any]] = body.get("items") or []
         return items

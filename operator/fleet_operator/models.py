@@ -36,6 +36,7 @@ __all__ = [
     "ConditionStatus",
     "DispatchPolicySpec",
     "EnvironmentServerEntry",
+    "EnvironmentServerPods",
     "EnvironmentServerSpec",
     "EnvironmentServerStatus",
     "GenerationShardSpec",
@@ -43,10 +44,13 @@ __all__ = [
     "HealthySetEntry",
     "LabelSelector",
     "LabelSelectorRequirement",
+    "PodSelection",
+    "PortRef",
     "ProbeSpec",
     "RolloutFleetSpec",
     "RolloutFleetStatus",
     "ServiceRef",
+    "ShardPods",
     "ShardStatus",
 ]
 
@@ -340,6 +344,87 @@ class LabelSelector(_KubeModel):
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
 
 
+class PortRef(_KubeModel):
+    """A pod's port, InferencePool-style: by number, or by the name of a container port (resolved per pod)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("has(self.number) != has(self.name)", "targetPort: set exactly one of number or name")
+            ]
+        }
+    )
+
+    number: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """The port number the pods listen on."""
+    name: Annotated[str, Field(min_length=1, max_length=15, pattern=_DNS_LABEL)] | None = None
+    """The name of a container port (``ports[].name``); a pod without a port of that name is not a member."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> PortRef:
+        if (self.number is None) == (self.name is None):
+            raise ValueError("targetPort: set exactly one of number or name")
+        return self
+
+
+_POD_SOURCE_RULES: Final[list[Any]] = [
+    _cel(
+        "has(self.selector) != has(self.service)",
+        "set exactly one of selector (pods by label) or service (the pods behind a Service, from its EndpointSlices)",
+    ),
+]
+
+
+class PodSelection(_KubeModel):
+    """Members discovered from pods in the fleet's namespace, one member per pod (for a LeaderWorkerSet, per group:
+    only leader pods are members). The operator probes each pod's IP at ``targetPort``."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _POD_SOURCE_RULES})
+
+    selector: LabelSelector | None = None
+    """Pods whose labels match (fleet's namespace only). Exactly one of selector or service."""
+    service: Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL)] | None = None
+    """A Service in the fleet's namespace: its EndpointSlices' endpoints are the members."""
+    target_port: PortRef
+    """The port probes and traffic go to."""
+    scheme: Literal["http", "https"] = "http"
+    """URL scheme used for probes and traffic."""
+    weight: Annotated[float, Field(gt=0, le=1_000_000)] = 1.0
+    """Relative share of traffic of each member."""
+    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": ProbeSpec().to_kube()})
+    """Active health probe settings, per member."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PodSelection:
+        if (self.selector is None) == (self.service is None):
+            raise ValueError(_POD_SOURCE_RULES[0]["message"])
+        return self
+
+
+class ShardPods(PodSelection):
+    """Generation shards discovered from pods."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _POD_SOURCE_RULES})
+
+    model: Annotated[str, Field(max_length=512)] = ""
+    """The model every member must serve; when set, probes also require /v1/models to list it. Empty: any."""
+    max_model_len: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    """The members' context length (prompt plus completion tokens)."""
+
+
+class EnvironmentServerPods(PodSelection):
+    """Environment servers discovered from pods."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _POD_SOURCE_RULES})
+
+    protocol: Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL)] = "episode-v1"
+    """Name of the episode protocol the servers speak."""
+    episode_timeout_seconds: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    """Per-episode deadline the servers enforce; unset means no bound."""
+    max_concurrent_episodes: Annotated[int, Field(ge=1, le=1_000_000)] = 64
+    """Episodes each server runs at once."""
+
+
 class DispatchPolicySpec(_in_cluster(DispatchPolicy, FLEET_POLICY)):  # type: ignore[misc]
     """The retry and stall policy the trainer-side runtime applies to this fleet (read by KubernetesShardSource).
 
@@ -350,15 +435,36 @@ class DispatchPolicySpec(_in_cluster(DispatchPolicy, FLEET_POLICY)):  # type: ig
 class RolloutFleetSpec(_KubeModel):
     """Which shards and environment servers form the fleet, and the policy the runtime applies to it."""
 
-    shard_selector: LabelSelector
-    """Selects GenerationShards in the fleet's namespace."""
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.shardSelector) || has(self.shardPods)",
+                    "set spec.shardSelector (GenerationShard objects), spec.shardPods (pods), or both",
+                )
+            ]
+        }
+    )
+
+    shard_selector: LabelSelector | None = None
+    """Selects GenerationShards in the fleet's namespace (an empty selector selects all); unset: none."""
+    shard_pods: ShardPods | None = None
+    """Generation shards discovered from pods (by label, or behind a Service), one member per pod."""
     environment_server_selector: LabelSelector | None = None
     """Selects EnvironmentServers in the fleet's namespace; unset: the fleet has none."""
+    environment_server_pods: EnvironmentServerPods | None = None
+    """Environment servers discovered from pods, one member per pod."""
     min_ready_shards: Annotated[int, Field(ge=0, le=100_000)] = 1
     """The fleet is Ready while at least this many shards are in the healthy set."""
     policy: DispatchPolicySpec = Field(
         default_factory=DispatchPolicySpec, json_schema_extra={"default": DispatchPolicySpec().to_kube()}
     )
+
+    @model_validator(mode="after")
+    def _some_shards(self) -> RolloutFleetSpec:
+        if self.shard_selector is None and self.shard_pods is None:
+            raise ValueError("set spec.shardSelector (GenerationShard objects), spec.shardPods (pods), or both")
+        return self
 
 
 class HealthySetEntry(_KubeModel):
@@ -371,6 +477,9 @@ class HealthySetEntry(_KubeModel):
     weight: Annotated[float, Field(gt=0)] = 1.0
     last_success_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     """Latest successful probe (heartbeat granularity): the runtime un-ejects a shard a probe vouched for since."""
+    instance: Annotated[str, Field(max_length=128)] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """For a pod member: ``<pod uid>:<total container restarts>`` (for a LeaderWorkerSet, the leader's); it changes
+    when the server behind the name restarts or is replaced. Absent for GenerationShard objects."""
 
 
 class EnvironmentServerEntry(_KubeModel):
@@ -382,6 +491,8 @@ class EnvironmentServerEntry(_KubeModel):
     max_concurrent_episodes: Annotated[int, Field(ge=1)] | None = None
     episode_timeout_seconds: Annotated[float, Field(gt=0)] | None = None
     weight: Annotated[float, Field(gt=0)] = 1.0
+    instance: Annotated[str, Field(max_length=128)] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """For a pod member: ``<pod uid>:<total container restarts>``. Absent for EnvironmentServer objects."""
 
 
 class RolloutFleetStatus(_KubeModel):

@@ -17,6 +17,7 @@ from typing import Any, Final, NamedTuple, TypeVar
 from pydantic import ValidationError
 
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, ROLLOUT_FLEET, Member, resolve_endpoint
+from fleet_operator.discovery import PodMember, target_name
 from fleet_operator.models import (
     EnvironmentServerSpec,
     GenerationShardSpec,
@@ -41,6 +42,7 @@ __all__ = [
     "TargetUpdate",
     "expected_model",
     "observe_fleet",
+    "observe_member",
     "observe_target",
     "parse_status",
     "restored_state",
@@ -92,6 +94,18 @@ class TargetRecord(Record):
     endpoint: str = ""
     invalid: str | None = None
     """Why the spec could not be used (an object that slipped past an older CRD); such a target is never probed."""
+    fleet: str | None = None
+    """A pod member's fleet (the only fleet that selects it); None for a GenerationShard/EnvironmentServer object."""
+    member: str | None = None
+    """A pod member's name in the healthy set (its pod's name)."""
+    instance: str | None = None
+    """A pod member's instance identity (:func:`fleet_operator.discovery.instance_identity`); set only by the
+    engine's ``_observe_instance``."""
+
+    @property
+    def derived(self) -> bool:
+        """A pod member: no object of its own, so no status write and no Event of its own."""
+        return self.fleet is not None
 
     @property
     def key(self) -> TargetKey:
@@ -119,6 +133,9 @@ class TargetObservation:
     invalid: str | None
     status: Mapping[str, Any]
     """The persisted status ({} when there is none)."""
+    fleet: str | None = None
+    """Set for a pod member (see :attr:`TargetRecord.fleet`)."""
+    member: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +184,39 @@ def observe_target(
         endpoint=endpoint,
         invalid=invalid,
         status=body.get("status") or {},
+    )
+
+
+def observe_member(
+    kind: str,
+    namespace: str,
+    fleet: str,
+    member: PodMember,
+    spec: TargetSpec,
+    policy: ProbeTargetPolicy | None = None,
+    *,
+    status: Mapping[str, Any] | None = None,
+) -> TargetObservation:
+    """A pod member as a target observation. Its endpoint is a pod IP from the API: with ``policy`` it must pass the
+    probe allowlist like any endpoint (forbidden ranges always refused, loopback only when allowed, other addresses
+    only inside ``allowed_hosts``); a refused one is an invalid member, never probed or published."""
+    key = TargetKey(kind, namespace, target_name(fleet, member.name))
+    invalid = None
+    if policy is not None:
+        verdict = policy.check(member.endpoint + spec.probe.path, namespace=namespace)
+        if not verdict.allowed:
+            invalid = f"pod {member.name}: {verdict.reason}"[:_MAX_INVALID_CHARS]
+    return TargetObservation(
+        key=key,
+        uid="",
+        generation=None,
+        labels=dict(member.labels),
+        spec=spec if invalid is None else None,
+        endpoint=member.endpoint if invalid is None else "",
+        invalid=invalid,
+        status=status or {},
+        fleet=fleet,
+        member=member.name,
     )
 
 
@@ -270,6 +320,7 @@ class Records:
         )
         target.labels, target.spec, target.endpoint = seen.labels, seen.spec, seen.endpoint
         target.generation, target.invalid = seen.generation, seen.invalid
+        target.fleet, target.member = seen.fleet, seen.member
         return update
 
     def update_fleet(self, seen: FleetObservation, now: float) -> FleetRecord:
@@ -335,7 +386,7 @@ class Records:
                 Member(
                     kind,
                     namespace,
-                    name,
+                    target.member or name,
                     target.labels,
                     target.spec,
                     target.endpoint,
@@ -343,6 +394,12 @@ class Records:
                     last_ok_at.get(key),
                     weights_version=weights,
                     stale=stale,
+                    fleet=target.fleet,
+                    instance=target.instance,
                 )
             )
         return members
+
+    def pod_members(self, namespace: str, fleet: str) -> dict[TargetKey, TargetRecord]:
+        """The pod members of one fleet, by key."""
+        return {key: t for key, t in self.targets.items() if t.fleet == fleet and t.namespace == namespace}

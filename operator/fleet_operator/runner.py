@@ -146,7 +146,7 @@ class OperatorRun:
             kopf_stop = asyncio.Event()
             kopf_task = asyncio.create_task(
                 kopf.operator(
-                    registry=build_registry(),
+                    registry=build_registry(pod_discovery=settings.pod_discovery),
                     memo=kopf.Memo(engine=engine, connection=connection),
                     standalone=True,
                     clusterwide=not settings.namespaces,

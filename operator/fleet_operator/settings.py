@@ -57,6 +57,10 @@ class OperatorSettings(BaseSettings):
     probe_allow_loopback: bool = False
     """Allow 127.0.0.0/8 and localhost (tests and local development only)."""
     cluster_domain: str = "cluster.local"
+    pod_discovery: bool = True
+    """Watch Pods and EndpointSlices (list + watch, in ``namespaces``) for fleets' ``shardPods`` and
+    ``environmentServerPods``. Pod IPs are probed only if the allowlist admits them: list the pod network's CIDR in
+    ``probe_allowed_hosts``. Off: pod selections stay empty and no pod RBAC is needed."""
     probe_max_body_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
     """Bound on every probe response body read."""
     probe_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 128

@@ -548,7 +548,9 @@ def test_cluster_wide_rbac_is_exactly_the_documented_set(chart_docs_default: lis
 def test_namespaced_mode_grants_roles_in_watched_namespaces_only(chart_docs_full: list[dict[str, Any]]) -> None:
     documented = documented_rbac()
     names = {r["metadata"]["name"] for r in by_kind(chart_docs_full, "ClusterRole")}
-    assert names == {"rollout-fleet-reader"}, "namespaced mode must not create a cluster-wide operator role"
+    assert names == {"rollout-fleet-reader", "rollout-fleet-registrar"}, (
+        "namespaced mode must not create a cluster-wide operator role"
+    )
     assert not by_kind(chart_docs_full, "ClusterRoleBinding")
     roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(chart_docs_full, "Role")}
     want = {key: verbs for key, (verbs, scope) in documented.items() if scope == "watched namespaces"}
@@ -585,3 +587,26 @@ def test_pod_monitor_alternative_scrapes_the_operator_pods_like_the_service_moni
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     container_ports = {port["name"] for port in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert endpoint["port"] in container_ports
+
+
+def test_registrar_cluster_role_is_opt_in_and_only_manages_generationshards(
+    chart_docs_default: list[dict[str, Any]], chart_docs_full: list[dict[str, Any]]
+) -> None:
+    assert "rollout-fleet-registrar" not in {r["metadata"]["name"] for r in by_kind(chart_docs_default, "ClusterRole")}
+    (registrar,) = [
+        r for r in by_kind(chart_docs_full, "ClusterRole") if r["metadata"]["name"] == "rollout-fleet-registrar"
+    ]
+    assert rules_as_table(registrar["rules"]) == {
+        ("rolloutfleet.dev", "generationshards"): {"create", "get", "patch", "delete"}
+    }
+
+
+def test_pod_discovery_off_drops_the_pod_and_endpointslice_rules(helm: Helm) -> None:
+    docs = render(helm, "--set", "operator.podDiscovery.enabled=false")
+    (role,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "rf-rollout-fleet"]
+    table = rules_as_table(role["rules"])
+    assert ("", "pods") not in table
+    assert ("discovery.k8s.io", "endpointslices") not in table
+    (deployment,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["FLEET_OPERATOR_POD_DISCOVERY"] == "false"

@@ -92,7 +92,21 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "operators In and NotIn need at least one value",
     ),
     ("unknown stall action", fleet({**SELECT, "policy": {"stallAction": "explode"}}), 'Unsupported value: "explode"'),
-    ("no shard selector", fleet({"minReadyShards": 1}), 'missing required field "shardSelector"'),
+    (
+        "no shard selector",
+        fleet({"minReadyShards": 1}),
+        "set spec.shardSelector (GenerationShard objects), spec.shardPods (pods), or both",
+    ),
+    (
+        "pods by label and by service",
+        fleet({"shardPods": {"selector": {}, "service": "vllm", "targetPort": {"number": 8000}}}),
+        "set exactly one of selector (pods by label) or service",
+    ),
+    (
+        "port by number and name",
+        fleet({"shardPods": {"service": "vllm", "targetPort": {"number": 8000, "name": "http"}}}),
+        "targetPort: set exactly one of number or name",
+    ),
 ]
 
 
@@ -130,6 +144,20 @@ def test_examples_are_accepted_and_defaulted(fleet_crds: ControlPlane, fleet_nam
     assert stored["spec"]["serviceRef"] == {"name": "vllm-1", "port": 8000, "scheme": "http"}
     policy = fleet_crds.kubectl_json("get", "rolloutfleet", "demo", "-n", fleet_namespace)["spec"]["policy"]
     assert (policy["stallAction"], policy["maxSkippedPrompts"], policy["healthyWaitSeconds"]) == ("abort", 0, 30)
+
+
+def test_pod_examples_are_accepted_by_the_crds(fleet_crds: ControlPlane, fleet_namespace: str) -> None:
+    fleets = [
+        doc
+        for path in sorted((REPO / "examples" / "pods").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc["kind"] == "RolloutFleet"
+    ]
+    assert len(fleets) == 3
+    result = apply(fleet_crds, fleet_namespace, *fleets)
+    assert result.returncode == 0, result.stderr
+    stored = fleet_crds.kubectl_json("get", "rolloutfleet", "vllm", "-n", fleet_namespace)["spec"]["shardPods"]
+    assert (stored["targetPort"], stored["scheme"], stored["weight"]) == ({"name": "http"}, "http", 1)
 
 
 def test_kubectl_get_shows_the_printer_columns(fleet_crds: ControlPlane, fleet_namespace: str) -> None:

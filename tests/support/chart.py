@@ -171,7 +171,7 @@ def full_values_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "extraEnv": [{"name": "FLEET_OPERATOR_WRITE_RETRY_SECONDS", "value": "5"}],
         },
         "serviceAccount": {"annotations": {"iam.example.org/role": "fleet"}},
-        "rbac": {"reader": {"aggregateToView": True}},
+        "rbac": {"reader": {"aggregateToView": True}, "registrar": {"create": True}},
         "podLabels": {"team": "rl"},
         "podAnnotations": {"example.org/scrape": "false"},
         "priorityClassName": "system-cluster-critical",

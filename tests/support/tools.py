@@ -21,6 +21,7 @@ INSTALL_HINT = "run `bash scripts/install-tools.sh` (scripts/test does it before
 # binary name -> (install directory prefix, versions.env key)
 _CACHED_TOOLS: dict[str, tuple[str, str]] = {
     "kube-apiserver": ("kube-apiserver", "KUBERNETES_VERSION"),
+    "kube-controller-manager": ("kube-controller-manager", "KUBERNETES_VERSION"),
     "etcd": ("etcd", "ETCD_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
     "prometheus": ("prometheus", "PROMETHEUS_DEB_VERSION"),

@@ -146,3 +146,64 @@ def test_containers_run_as_the_images_non_root_user_with_a_read_only_root() -> N
             assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
             assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
             assert "memory" in container["resources"]["limits"], name
+
+
+# --- examples/pods/: fleets that select pods ---------------------------------------------------------------------
+
+
+def pod_examples() -> dict[str, list[dict[str, Any]]]:
+    return {path.name: documents(path) for path in sorted((EXAMPLES / "pods").glob("*.yaml"))}
+
+
+def pod_templates(doc: dict[str, Any]) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    """(labels the pods get, pod spec) of a Deployment, or of a LeaderWorkerSet's leader (with LWS's own labels)."""
+    if doc["kind"] == "Deployment":
+        template = doc["spec"]["template"]
+        return [(template["metadata"]["labels"], template["spec"])]
+    assert doc["kind"] == "LeaderWorkerSet"
+    lws = doc["spec"]["leaderWorkerTemplate"]
+    added = {
+        "leaderworkerset.sigs.k8s.io/name": doc["metadata"]["name"],
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    return [({**lws["leaderTemplate"]["metadata"]["labels"], **added}, lws["leaderTemplate"]["spec"])]
+
+
+def test_pod_examples_validate_and_each_fleet_selects_pods_serving_its_target_port() -> None:
+    from fleet_operator.decisions import selector_matches
+
+    examples = pod_examples()
+    assert set(examples) == {"sim-replicas.yaml", "vllm-deployment.yaml", "vllm-leaderworkerset.yaml"}
+    for name, docs in examples.items():
+        fleets = [RolloutFleetSpec.model_validate(d["spec"]) for d in docs if d["kind"] == "RolloutFleet"]
+        assert len(fleets) == 1, name
+        (fleet,) = fleets
+        assert fleet.shard_pods is not None
+        assert fleet.shard_pods.selector is not None
+        workloads = [d for d in docs if d["kind"] in ("Deployment", "LeaderWorkerSet")]
+        assert workloads, name
+        for doc in docs:
+            if doc["kind"] in ("Deployment", "Service"):
+                kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        selected = [(labels, spec) for w in workloads for labels, spec in pod_templates(w)
+                    if selector_matches(fleet.shard_pods.selector, labels)]  # fmt: skip
+        assert selected, f"{name}: the fleet selects no pod template"
+        for _, spec in selected:
+            ports = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
+            assert fleet.shard_pods.target_port.name in ports, name
+
+
+def test_the_vllm_pod_examples_run_the_real_server_with_the_fleets_model_on_gpus() -> None:
+    for name in ("vllm-deployment.yaml", "vllm-leaderworkerset.yaml"):
+        docs = pod_examples()[name]
+        (fleet,) = [RolloutFleetSpec.model_validate(d["spec"]) for d in docs if d["kind"] == "RolloutFleet"]
+        assert fleet.shard_pods is not None
+        (workload,) = [d for d in docs if d["kind"] in ("Deployment", "LeaderWorkerSet")]
+        for _, spec in pod_templates(workload):
+            (container,) = spec["containers"]
+            assert container["image"].startswith("vllm/vllm-openai:")
+            command = " ".join(container.get("command", []) + container["args"])
+            assert fleet.shard_pods.model in command
+            assert f"--max-model-len {fleet.shard_pods.max_model_len}" in command
+            assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+            assert "nvidia.com/gpu" in container["resources"]["limits"]

@@ -88,6 +88,15 @@ lists them with the reason; tests/e2e/test_chart_install.py checks `kubectl auth
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.operator.podDiscovery.enabled }}
+# Pod members (spec.shardPods, spec.environmentServerPods): pods and a Service's EndpointSlices are read, never written.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end }}
 
 {{/*

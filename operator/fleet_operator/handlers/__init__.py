@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import kopf
 
-from fleet_operator.handlers import environment_servers, generation_shards, lifecycle, rollout_fleets
+from fleet_operator.handlers import environment_servers, generation_shards, lifecycle, pods, rollout_fleets
 
 __all__ = ["build_registry"]
 
 
-def build_registry() -> kopf.OperatorRegistry:
-    """A registry with every handler of the operator (a fresh one per run, so tests can run it repeatedly)."""
+def build_registry(*, pod_discovery: bool = True) -> kopf.OperatorRegistry:
+    """A registry with every handler of the operator (a fresh one per run, so tests can run it repeatedly);
+    ``pod_discovery``: also watch Pods and EndpointSlices (fleets' ``shardPods``/``environmentServerPods``)."""
     registry = kopf.OperatorRegistry()
     lifecycle.register(registry)
     generation_shards.register(registry)
     environment_servers.register(registry)
     rollout_fleets.register(registry)
+    if pod_discovery:
+        pods.register(registry)
     return registry

@@ -12,10 +12,10 @@ __all__ = ["apply_event"]
 
 
 async def apply_event(engine: FleetEngine, kind: str, event: kopf.RawEvent) -> None:
-    """Listed/added/modified -> upsert; deleted -> forget. (kopf re-lists after 410 Gone: upserts are idempotent.)"""
+    """Listed/added/modified -> upsert; deleted -> delete. (kopf re-lists after 410 Gone: upserts are idempotent.)"""
     body: dict[str, Any] = dict(event.get("object") or {})
     meta = body.get("metadata") or {}
     if event.get("type") == "DELETED":
-        engine.forget(kind, meta.get("namespace", ""), meta.get("name", ""))
+        await engine.delete(kind, meta.get("namespace", ""), meta.get("name", ""))
     else:
         await engine.upsert(kind, body)

@@ -1,4 +1,5 @@
-"""The names of the three custom resources: group, version and each kind's kind, plural, singular and short names.
+"""The names of the three custom resources (group, version, each kind's kind, plural, singular and short names), and
+of the built-in kinds the operator watches to discover members (Pods, EndpointSlices).
 
 The one place they are spelled. The operator's CRDs (``fleet_operator.crds`` adds the schemas, printer columns and
 descriptions), its watches, status writes and Events, the ``status`` CLI and the runtime's KubernetesShardSource
@@ -13,13 +14,17 @@ from typing import Final
 
 __all__ = [
     "API_VERSION",
+    "BUILTIN_KINDS",
     "BY_KIND",
+    "ENDPOINT_SLICE",
     "ENVIRONMENT_SERVER",
     "GENERATION_SHARD",
     "GROUP",
     "KINDS",
+    "POD",
     "ROLLOUT_FLEET",
     "VERSION",
+    "BuiltinKind",
     "KindNames",
 ]
 
@@ -56,3 +61,24 @@ ROLLOUT_FLEET: Final[KindNames] = KindNames("RolloutFleet", "rolloutfleets", "ro
 KINDS: Final[tuple[KindNames, ...]] = (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET)
 BY_KIND: Final[Mapping[str, KindNames]] = {names.kind: names for names in KINDS}
 """``kind`` -> its names (the engine keys records by kind and writes by plural)."""
+
+
+@dataclass(frozen=True)
+class BuiltinKind:
+    """A Kubernetes built-in kind the operator reads (never writes): where it is served and what it is called."""
+
+    group: str
+    """API group; "" is the core group (``/api/v1``)."""
+    version: str
+    kind: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+POD: Final[BuiltinKind] = BuiltinKind("", "v1", "Pod", "pods")
+ENDPOINT_SLICE: Final[BuiltinKind] = BuiltinKind("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices")
+BUILTIN_KINDS: Final[Mapping[str, BuiltinKind]] = {names.plural: names for names in (POD, ENDPOINT_SLICE)}
+"""``plural`` -> the built-in kind (the engine lists them by plural, like its own kinds)."""

@@ -13,15 +13,18 @@ from rollout_runtime.shards.model import (
     fleet_identity,
     revision_of,
 )
+from rollout_runtime.shards.registration import FLEET_LABEL, OwnerRef
 
 if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
 
 __all__ = [
     "DEFAULT_FLEET",
+    "FLEET_LABEL",
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
+    "OwnerRef",
     "ReportsCompletions",
     "Shard",
     "ShardSource",

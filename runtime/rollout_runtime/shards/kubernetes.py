@@ -31,8 +31,9 @@ from pydantic import ValidationError
 
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.kube.errors import api_error_is_transient
-from rollout_runtime.kube.kinds import GROUP, ROLLOUT_FLEET, VERSION
+from rollout_runtime.kube.kinds import GENERATION_SHARD, GROUP, ROLLOUT_FLEET, VERSION
 from rollout_runtime.shards.model import HealthySet, Shard
+from rollout_runtime.shards.registration import OwnerRef, registered_shard
 
 if TYPE_CHECKING:
     from rollout_runtime.dispatch import DispatchPolicy
@@ -165,6 +166,79 @@ class KubernetesShardSource:
                 raise LookupError(f"RolloutFleet {self.namespace}/{self.fleet} not found")
         policy = (self.fleet_object.get("spec") or {}).get("policy") or {}
         return DispatchPolicy.from_fleet(policy, **overrides)
+
+    async def register(
+        self,
+        name: str,
+        endpoint: str,
+        *,
+        owner: OwnerRef | None = None,
+        labels: Mapping[str, str] | None = None,
+        model: str = "",
+        max_model_len: int | None = None,
+        probe: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Register a shard this trainer started as a GenerationShard in the fleet's namespace, owned by ``owner``
+        (default: this pod, :meth:`OwnerRef.from_environment`) so it is garbage-collected with it.
+
+        Labels default to ``rolloutfleet.dev/fleet: <fleet>`` (the fleet's shardSelector must select them).
+        Registering the same name again with the same owner updates its spec (idempotent across trainer retries);
+        a name owned by something else is a ``ValueError``. Needs the registrar role (chart ``rbac.registrar``).
+        """
+        owner = owner if owner is not None else OwnerRef.from_environment()
+        body = registered_shard(
+            name,
+            endpoint,
+            owner=owner,
+            fleet=self.fleet,
+            labels=labels,
+            model=model,
+            max_model_len=max_model_len,
+            probe=probe,
+        )
+        api_client, owned = await self._client()
+        try:
+            api = client.CustomObjectsApi(api_client)
+            plural = GENERATION_SHARD.plural
+            try:
+                created: dict[str, Any] = await api.create_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, body
+                )
+                return created
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = await api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
+            owners = {ref.get("uid") for ref in (existing.get("metadata") or {}).get("ownerReferences") or []}
+            if owner.uid not in owners:
+                raise ValueError(
+                    f"GenerationShard {self.namespace}/{name} exists and is not owned by {owner.kind} {owner.name}:"
+                    " choose another name, or delete it first"
+                )
+            patch = {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
+            patched: dict[str, Any] = await api.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP, VERSION, self.namespace, plural, name, patch, _content_type="application/merge-patch+json"
+            )
+            return patched
+        finally:
+            if owned:
+                await api_client.close()
+
+    async def unregister(self, name: str) -> bool:
+        """Delete a registered shard before its owner ends (False: it was already gone)."""
+        api_client, owned = await self._client()
+        try:
+            api = client.CustomObjectsApi(api_client)
+            try:
+                await api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, GENERATION_SHARD.plural, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+        finally:
+            if owned:
+                await api_client.close()
 
     async def snapshots(self) -> AsyncIterator[HealthySet]:
         api_client, owned = await self._client()
