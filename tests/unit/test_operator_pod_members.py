@@ -101,6 +101,21 @@ async def test_a_container_restart_changes_the_instance_and_the_member_must_earn
     assert await published(engine, api) == {"vllm-0": "u9:1"}
 
 
+async def test_a_refit_pod_member_that_restarts_is_stale_until_the_trainer_refits_it() -> None:
+    """Pod identity is restart evidence for the weights state machine: probes alone would re-admit base weights."""
+    api, prober = Api([pod("vllm-0", uid="u0", ip="10.1.0.5")]), Prober()
+    engine = engine_for(api, prober)
+    await engine.prime()
+    assert await published(engine, api) == {"vllm-0": "u0:0"}
+    await engine.record_refit("GenerationShard", NS, "a/vllm-0", 3, identity="u0:0")
+    await engine.upsert("Pod", pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))  # same IP, restartCount+1
+    assert engine.instance_changes == 1
+    assert engine.phase("GenerationShard", NS, "a/vllm-0") is HealthPhase.STALE
+    assert await published(engine, api) == {}, "a stale member takes no traffic, however well it probes"
+    await engine.record_refit("GenerationShard", NS, "a/vllm-0", 3, identity="u0:1")
+    assert await published(engine, api) == {"vllm-0": "u0:1"}
+
+
 async def test_a_terminating_pod_is_draining_and_a_deleted_one_leaves() -> None:
     api, prober = Api([pod("vllm-0", uid="u0"), pod("vllm-1", uid="u1", ip="10.1.0.6")]), Prober()
     engine = engine_for(api, prober)
