@@ -40,6 +40,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from rollout_runtime.dispatch.affinity import affinity_key, pick_affine
 from rollout_runtime.dispatch.budget import DataFailedDecision, ExhaustedDecision, PromptBudget, decide
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
@@ -610,6 +611,8 @@ class Dispatcher:
         if not routable:
             return None
         self._cursor += 1
+        if (key := affinity_key(state.prompt)) is not None:  # a session stays on its shard while it is routable
+            return pick_affine(routable, key, last_failed=state.last_failed, tried=state.tried)
         return pick_shard(routable, start=self._cursor, last_failed=state.last_failed, tried=state.tried)
 
     async def _wait_for_shard(self, state: _PromptState) -> _Slot | None:
