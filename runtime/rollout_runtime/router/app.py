@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, Outcome, Skipped
+from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchEvent, Outcome, Skipped
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, StreamRelay, forward_attempt
@@ -110,6 +110,9 @@ class AccessLogger(AbstractAccessLogger):
 class Router:
     """The router's state: one long-lived dispatcher (shared ejection state) and one client session to the shards.
 
+    ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
+    :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
+
     ::
 
         async with Router(LocalShardSource(shards)) as router:
@@ -122,11 +125,13 @@ class Router:
         config: RouterConfig | None = None,
         *,
         registry: CollectorRegistry | None = None,
+        observer: Callable[[DispatchEvent], None] | None = None,
     ) -> None:
         self.config = config or RouterConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
-        self.dispatcher = Dispatcher(source, self.config.dispatch_policy(), registry=self.registry)
+        policy = self.config.dispatch_policy()
+        self.dispatcher = Dispatcher(source, policy, registry=self.registry, observer=observer)
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.config.connect_timeout_seconds, sock_read=self.config.read_timeout_seconds
         )
