@@ -27,6 +27,10 @@ EXPECTED_ALERTS = {
     "RolloutInfraFailureRateHigh",
     "RolloutDataFailureSpike",
     "RolloutRedispatchExhausted",
+    # issue 18: the router
+    "RolloutRouterNoHealthyShard",
+    "RolloutRouterStreamsInterrupted",
+    "RolloutRouterSaturated",
 }
 
 

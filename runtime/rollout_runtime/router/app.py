@@ -38,7 +38,7 @@ from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, Dispatch
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, StreamRelay, forward_attempt
-from rollout_runtime.shards.model import Shard, ShardSource
+from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
     "ATTEMPTS_HEADER",
@@ -65,7 +65,10 @@ READY_PREFIX: Final[str] = "ROUTER_READY "
 
 Writer = Callable[[bytes], Awaitable[None]]
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 _ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
+_MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
 _SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -129,7 +132,8 @@ class Router:
     ) -> None:
         self.config = config or RouterConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = RouterMetrics(self.registry)
+        fleet, namespace = fleet_identity(source)
+        self.metrics = RouterMetrics(self.registry, fleet=fleet, namespace=namespace)
         policy = self.config.dispatch_policy()
         self.dispatcher = Dispatcher(source, policy, registry=self.registry, observer=observer)
         self._timeout = aiohttp.ClientTimeout(
@@ -195,7 +199,7 @@ class Router:
 
     def app(self) -> web.Application:
         """The aiohttp application (the caller runs it; :func:`serve_router` does)."""
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._measured])
         for path in _ROUTES:
             app.router.add_post(path, self._generation)
         app.router.add_get("/v1/models", self._models)
@@ -230,7 +234,7 @@ class Router:
         return f"all {len(snapshot.shards)} healthy shard(s) are ejected"
 
     def _refuse(self, reason: str, response: web.Response) -> web.Response:
-        self.metrics.refused.labels(reason).inc()
+        self.metrics.refused(reason)
         return response
 
     async def _generation(self, request: web.Request) -> web.StreamResponse:
@@ -272,21 +276,28 @@ class Router:
         if not self.dispatcher.routable:
             reason = self._no_shard_reason()
             return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", f"no healthy shard: {reason}"))
-        route = request.path
-        started = time.perf_counter()
         self._in_flight += 1
         self.metrics.in_flight.inc()
-        response: web.StreamResponse | None = None
         try:
             outcome = await self.route(forward)
-            response = await self._respond(request, forward, outcome)
-            return response
+            return await self._respond(request, forward, outcome)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.duration.labels(route).observe(time.perf_counter() - started)
-            code = str(response.status) if response is not None else "499"
-            self.metrics.requests.labels(route, code).inc()
+
+    @web.middleware
+    async def _measured(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Count and time every answer of the API routes, refusals included (by status code)."""
+        if request.path not in _MEASURED:
+            return await handler(request)
+        started = time.perf_counter()
+        code = 499  # the client went away before the answer was complete
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        finally:
+            self.metrics.answered(request.path, code, time.perf_counter() - started)
 
     async def _respond(
         self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | None
@@ -296,7 +307,7 @@ class Router:
         if relay is not None and stream is not None:  # committed: the client has the headers and some bytes
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
-                self.metrics.interrupted.labels(shard).inc()
+                self.metrics.interrupted()
                 log.warning("stream from shard %s interrupted: %s", shard, relay.interrupted)
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     await stream.write(stream_error_event(relay.interrupted, shard))
