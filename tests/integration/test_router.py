@@ -262,3 +262,22 @@ async def test_a_stream_retries_on_another_shard_before_its_first_byte(
 
 def _home(session: str, names: list[str]) -> str:
     return max(names, key=lambda name: rendezvous_score(session, name))
+
+
+async def test_the_access_log_has_no_bodies_headers_or_query_strings(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with SimFleet(1, log_dir=tmp_path) as fleet:
+        shard = fleet.shards[0]
+        async with await _router(tmp_path, [(shard.name, shard.endpoint)]) as router:
+            await _ready(http, router, 1)
+            body = {"prompt": "the secret prompt PROMPT-7c1e", "max_tokens": 4}
+            headers = {"Authorization": "Bearer sk-live-4f9a8b7c6d5e4f3a2b1c"}
+            url = router.url + "/v1/completions?api_key=QUERY-KEY-91b2"
+            async with http.post(url, json=body, headers=headers) as response:
+                assert response.status == 200
+            await router.stop()  # flush and close the log
+    log = router.log_path.read_text()
+    assert "POST /v1/completions 200" in log  # the request was logged...
+    for secret in ("PROMPT-7c1e", "sk-live-4f9a8b7c6d5e4f3a2b1c", "QUERY-KEY-91b2"):
+        assert secret not in log  # ...without its body, its headers or its query string
