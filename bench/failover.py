@@ -10,6 +10,8 @@ generation answer 503 half the time), and seeded bursts of 503s on the others. C
   ``option redispatch 1`` and L7 ``retry-on`` (bench/_peers.py has the exact config), a naive client in front;
 - nginx (Debian package): ``max_fails``/``fail_timeout``, ``proxy_next_upstream ... non_idempotent`` (nginx never
   retries a POST without it), a naive client in front;
+- router: ``rollout-fleet router`` (the same dispatcher behind an OpenAI-compatible endpoint), with the proxies'
+  naive client in front (each prompt sent once);
 - naive: each prompt bound to one shard, retried there with the same budget and backoff as the dispatcher.
 
 Probe period/timeout/thresholds, per-attempt timeout and the attempt budget are the same for every contender that
@@ -52,12 +54,21 @@ from rollout_runtime.dispatch import (
 from rollout_runtime.failures import FailureClass, RolloutFailure, classify_rollout_failure
 from rollout_runtime.generation import GenerationClient, GenerationOptions
 from rollout_runtime.health import ProbeSettings
+from rollout_runtime.router import Router, RouterConfig, serve_router
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFleet, expected_answer
 from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule
 
 MARKER = "failover ratios vs rollout-fleet"
-CONTENDERS = ("rollout-fleet", "rollout-fleet-streaming", "rollout-fleet-hedged", "haproxy", "nginx", "naive")
+CONTENDERS = (
+    "rollout-fleet",
+    "rollout-fleet-streaming",
+    "rollout-fleet-hedged",
+    "haproxy",
+    "nginx",
+    "router",
+    "naive",
+)
 KILLED, HUNG, FLAPPING = "shard-1", "shard-2", "shard-3"
 
 
@@ -302,6 +313,34 @@ async def drive_through_proxy(url: str, prompts: list[Prompt], scale: Scale, tal
         await _workers(prompts, scale.concurrency, one)
 
 
+async def drive_router(fleet: SimFleet, prompts: list[Prompt], scale: Scale, tally: Tally, begin: Begin) -> None:
+    """``rollout-fleet router`` in front of the fleet, the proxies' naive client in front of it; sends are the
+    dispatcher's attempts (each one's start: its end minus its duration)."""
+
+    all_up = asyncio.Event()
+
+    def observe(event: DispatchEvent) -> None:
+        if isinstance(event, HealthyShardsChanged) and len(event.routable) == scale.shards:
+            all_up.set()
+        elif isinstance(event, AttemptEnded) and event.shard is not None:
+            tally.sends.add(event.shard, time.monotonic() - event.seconds)
+        elif isinstance(event, ShardEjected | ShardRestored):
+            tally.events.append((time.monotonic(), f"{type(event).__name__} {event.shard}"))
+
+    config = RouterConfig(
+        read_timeout_seconds=scale.attempt_timeout,
+        connect_timeout_seconds=1.0,
+        max_attempts=scale.tries,
+        healthy_wait_seconds=scale.duration,
+    )
+    source = LocalShardSource(fleet.shards, scale.probe())
+    async with Router(source, config, observer=observe) as router, serve_router(router) as server:
+        await asyncio.wait_for(all_up.wait(), 30.0)
+        await drive_through_proxy(server.url, prompts, scale, tally, begin)
+        st = router.dispatcher.metrics
+        tally.detail = f"router ejections {sum(st.ejections.values())}, redispatches {st.redispatches}"
+
+
 async def drive_naive(
     fleet: SimFleet, prompts: list[Prompt], scale: Scale, seed: int, tally: Tally, begin: Begin
 ) -> None:
@@ -410,6 +449,8 @@ async def run_contender(name: str, scale: Scale, seed: int, trace: int = 0) -> R
                 await drive_rollout_fleet_streaming(fleet, prompts, scale, seed, tally, begin)
             elif name == "rollout-fleet-hedged":
                 await drive_rollout_fleet_hedged(fleet, prompts, scale, seed, tally, begin)
+            elif name == "router":
+                await drive_router(fleet, prompts, scale, tally, begin)
             elif name == "naive":
                 await drive_naive(fleet, prompts, scale, seed, tally, begin)
             elif name == "haproxy":

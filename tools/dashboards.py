@@ -457,6 +457,54 @@ def rollouts_dashboard() -> dash.Dashboard:
             bars=True,
         )
     )
+    return _router_row(board)
+
+
+def _router_row(board: dash.Dashboard) -> dash.Dashboard:
+    """``rollout-fleet router`` (router_* metrics of its replicas): answers by code, latency, refusals, broken
+    streams. Its attempts, ejections and healthy shards are the rollout_* panels above (job = the router's)."""
+    board = board.with_row(dash.Row("Router"))
+    board = board.with_panel(
+        _timeseries(
+            "Router answers by code",
+            "Requests answered per second by HTTP status. 409: no routable shard (clients stop instead of "
+            "retrying); 502/504: every attempt failed; 4xx relayed from a shard: the request's own fault.",
+            [(f"sum by (code) (rate(router_requests_total{{{_ROLL}}}[{_RATE}]))", "{{code}}")],
+            units.OpsPerSecond,
+            width=8,
+            stacked=True,
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Router latency",
+            "Seconds from a request's arrival to the end of its answer (a stream's last byte), p50 and p99.",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le) "
+                    f"(rate(router_request_duration_seconds_bucket{{{_ROLL}}}[{_RATE}])))",
+                    f"p{round(q * 100)}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            units.Seconds,
+            width=8,
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Router refusals and broken streams",
+            "Requests answered without a shard, by reason (malformed 400, too_large 413, busy 429, "
+            "no_healthy_shard 409), and streams a shard broke after their first byte (each ended with an error "
+            "event).",
+            [
+                (f"sum by (reason) (rate(router_refused_total{{{_ROLL}}}[{_RATE}]))", "{{reason}}"),
+                (f"sum (rate(router_streams_interrupted_total{{{_ROLL}}}[{_RATE}]))", "streams interrupted"),
+            ],
+            units.OpsPerSecond,
+            width=8,
+        )
+    )
     return board
 
 
@@ -478,7 +526,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "Episodes by outcome",
             "Episodes finished per second: success, failed (the environment reported a failure), timeout (the "
             "episode deadline passed) and rejected (the admission queue was full or timed out).",
-            [(f"sum by (outcome) (rate(environment_episodes_total{{{_RUN}}}[{_RATE}]))", "{{outcome}}")],
+            [(f"sum by (outcome) (rate(environment_episodes_total{{{_ROLL}}}[{_RATE}]))", "{{outcome}}")],
             units.OpsPerSecond,
             stacked=True,
         )
@@ -491,7 +539,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             [
                 (
                     f"histogram_quantile({q}, sum by (le, outcome) "
-                    f"(rate(environment_episode_duration_seconds_bucket{{{_RUN}}}[{_RATE}])))",
+                    f"(rate(environment_episode_duration_seconds_bucket{{{_ROLL}}}[{_RATE}])))",
                     f"{{{{outcome}}}} p{round(q * 100)}",
                 )
                 for q in (0.5, 0.95)
@@ -506,8 +554,8 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "Episodes admitted and running (parked ones included) and episodes waiting for a concurrency slot. "
             "A queue that stays above zero means the server is saturated: add replicas or raise its concurrency.",
             [
-                (f"sum by (job, instance) (environment_episodes_in_flight{{{_RUN}}})", "{{instance}} in flight"),
-                (f"sum by (job, instance) (environment_admission_queue_depth{{{_RUN}}})", "{{instance}} queued"),
+                (f"sum by (job, instance) (environment_episodes_in_flight{{{_ROLL}}})", "{{instance}} in flight"),
+                (f"sum by (job, instance) (environment_admission_queue_depth{{{_ROLL}}})", "{{instance}} queued"),
             ],
             units.Short,
             width=8,
@@ -520,7 +568,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "(retryable: 5xx/408/425/429 and transport errors; the rest are terminal and reported as DATA).",
             [
                 (
-                    f"sum by (retryable) (rate(environment_dependency_failures_total{{{_RUN}}}[{_RATE}]))",
+                    f"sum by (retryable) (rate(environment_dependency_failures_total{{{_ROLL}}}[{_RATE}]))",
                     "retryable={{retryable}}",
                 )
             ],
@@ -535,7 +583,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "(a sandbox, a container): look at the server's log for the callback.",
             [
                 (
-                    f"sum by (job, instance) (increase(environment_cleanup_failures_total{{{_RUN}}}[{_RATE}]))",
+                    f"sum by (job, instance) (increase(environment_cleanup_failures_total{{{_ROLL}}}[{_RATE}]))",
                     "{{instance}}",
                 )
             ],

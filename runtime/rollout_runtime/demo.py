@@ -1,8 +1,10 @@
-"""The local demo fleet: real simulated shards and an environment server, a chaos schedule, one batch of prompts.
+"""The local demo fleet: real simulated shards and two environment servers, a chaos schedule, one batch of prompts.
 
 Everything runs on 127.0.0.1 as real subprocesses; nothing needs Kubernetes. The demo is the project's main job:
 it shows, in under half a minute, a batch surviving a killed shard, a hung shard, a flapping shard and 503
-bursts, with over-long prompts reported as data failures (with vLLM's reason) instead of zero rewards.
+bursts, and an environment server SIGKILLed halfway (its episodes move to the other one, through an
+:class:`~rollout_runtime.environment.pool.EnvironmentPool`), with over-long prompts reported as data failures
+(with vLLM's reason) instead of zero rewards.
 
 This module holds the run; :mod:`rollout_runtime.cli.demo` renders it.
 """
@@ -38,7 +40,7 @@ from rollout_runtime.dispatch import (
     Skipped,
     StallDetected,
 )
-from rollout_runtime.environment import EnvironmentClient
+from rollout_runtime.environment.pool import EnvironmentPool
 from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy, Transition
@@ -140,6 +142,7 @@ class DemoReport:
     chaos: list[dict[str, Any]] = field(default_factory=list)
     failure_types: dict[str, int] = field(default_factory=dict)
     ejections_by_shard: dict[str, int] = field(default_factory=dict)
+    environment_servers_killed: list[str] = field(default_factory=list)
     shard_phases: dict[str, str] = field(default_factory=dict)
     timeline: list[str] = field(default_factory=list)
     mean_reward: float | None = None
@@ -208,10 +211,11 @@ async def run_demo(
             )
         )
         view.note(f"started {config.shards} simulated shards")
-        env: SimEnvProcess | None = None
+        envs: list[SimEnvProcess] = []
         if config.environment:
-            env = await stack.enter_async_context(await spawn_env_server("verifier"))
-            view.note(f"started the arithmetic verifier at {env.url}")
+            for index in range(2):  # two servers: the chaos kills one, the pool moves its episodes to the other
+                envs.append(await stack.enter_async_context(await spawn_env_server("verifier")))
+                view.note(f"started arithmetic verifier env-{index} at {envs[-1].url}")
 
         def on_transition(name: str, transition: Transition, result: object) -> None:
             if transition.reason == "restart":
@@ -251,7 +255,13 @@ async def run_demo(
         refitter = StaleRefitter(
             weights, push_weights, on_refit=lambda name, v: view.note(f"refit {name} to weights version {v}")
         )
-        environment = await stack.enter_async_context(EnvironmentClient(env.url, timeout_seconds=30.0)) if env else None
+        environment: EnvironmentPool | None = None
+        if envs:
+            servers = [Shard(name=f"env-{i}", endpoint=e.url) for i, e in enumerate(envs)]
+            env_probes = ProbeSettings(period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2)
+            env_source = LocalShardSource(servers, env_probes, policy=ProbeTargetPolicy.local())
+            env_policy = DispatchPolicy(backoff_initial_seconds=0.05, backoff_max_seconds=0.5, healthy_wait_seconds=20)
+            environment = await stack.enter_async_context(EnvironmentPool(env_source, env_policy, seed=config.seed))
 
         async def rollout(shard: Shard, prompt: DemoPrompt) -> DemoResult:
             completion = await generation.complete(shard, prompt.text, max_tokens=MAX_TOKENS)
@@ -308,6 +318,10 @@ async def run_demo(
                     view.ejected = dispatcher.ejected
                     chaos.advance(view.finished / max(len(prompts), 1))
                     refitter.kick()
+                    if config.chaos and len(envs) > 1 and envs[0].running and view.finished * 2 >= len(prompts):
+                        await envs[0].kill()  # halfway: SIGKILL an environment server mid-batch
+                        report.environment_servers_killed.append("env-0")
+                        view.note("killed environment server env-0 (SIGKILL); its episodes go to env-1")
                     if on_tick is not None:
                         on_tick(view)
         except (RolloutRedispatchExhausted, RolloutStall) as exc:

@@ -47,6 +47,7 @@ pytestmark = pytest.mark.e2e
 OPERATOR_JOB = "rollout-fleet-operator"
 TRAINER_JOB = "trainer"
 ENVIRONMENT_JOB = "environment"
+ROUTER_JOB = "router"
 
 
 def _get_json(url: str) -> Any:
@@ -88,6 +89,50 @@ def run_episodes(url: str) -> list[int]:
     return statuses
 
 
+def router_ready(url: str) -> bool:
+    """Whether the router's /readyz says a shard is routable."""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def route_status(url: str) -> int:
+    """The status of one completion through the router."""
+    body = json.dumps({"prompt": "What is 1 + 1?", "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@pytest.fixture
+def router_port() -> int:
+    """The port ``rollout-fleet router`` will serve on, chosen before Prometheus is configured to scrape it."""
+    return free_port()
+
+
+def route_requests(url: str, count: int) -> list[int]:
+    """``count`` completions through the router, then one malformed body; the statuses of the completions."""
+    statuses = []
+    for index in range(count):
+        body = json.dumps({"prompt": f"What is {index} + 1?", "max_tokens": 4}).encode()
+        request = urllib.request.Request(
+            f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            statuses.append(int(response.status))
+    malformed = urllib.request.Request(f"{url}/v1/completions", data=b"{", headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(malformed, timeout=30)
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400
+    return statuses
+
+
 @pytest.fixture
 def environment_server(tmp_path: Path) -> Iterator[tuple[ManagedProcess, int]]:
     """A simulated environment server (the arithmetic verifier) on a port chosen up front."""
@@ -105,8 +150,10 @@ def environment_server(tmp_path: Path) -> Iterator[tuple[ManagedProcess, int]]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, environment_server: tuple[ManagedProcess, int]) -> Iterator[tuple[Prometheus, int, int]]:
-    """A Prometheus with the chart's rules, scraping the operator, the demo and the environment server."""
+def prometheus(
+    tmp_path: Path, environment_server: tuple[ManagedProcess, int], router_port: int
+) -> Iterator[tuple[Prometheus, int, int]]:
+    """A Prometheus with the chart's rules, scraping the operator, the demo, the environment server and the router."""
     operator_port, demo_port = free_port(), free_port()
     server = Prometheus(tmp_path / "prometheus", [], rule_files=[RULES_FILE])
     config = json.loads(server.config_file.read_text())
@@ -114,6 +161,7 @@ def prometheus(tmp_path: Path, environment_server: tuple[ManagedProcess, int]) -
         {"job_name": OPERATOR_JOB, "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]},
         {"job_name": TRAINER_JOB, "static_configs": [{"targets": [f"127.0.0.1:{demo_port}"]}]},
         {"job_name": ENVIRONMENT_JOB, "static_configs": [{"targets": [f"127.0.0.1:{environment_server[1]}"]}]},
+        {"job_name": ROUTER_JOB, "static_configs": [{"targets": [f"127.0.0.1:{router_port}"]}]},
     ]
     server.config_file.write_text(json.dumps(config))
     server.start()
@@ -129,6 +177,7 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
     sim_shards: list[tuple[ManagedProcess, int]],
     prometheus: tuple[Prometheus, int, int],
     environment_server: tuple[ManagedProcess, int],
+    router_port: int,
     tmp_path: Path,
 ) -> None:
     server, operator_port, demo_port = prometheus
@@ -157,6 +206,12 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         ],
         tmp_path / "demo.log",
     )
+    router = ManagedProcess(
+        "router",
+        [ROLLOUT_FLEET, "router", "--port", str(router_port), "--probe-period", "0.5", "--log-level", "WARNING",
+         *[arg for _, port in sim_shards for arg in ("--shard", f"http://127.0.0.1:{port}")]],
+        tmp_path / "router.log",
+    )  # fmt: skip
     try:
         wait_until(
             lambda: fleet_status(control_plane, installed.fleet_namespace).get("readyShards") == 2,
@@ -176,6 +231,16 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         server.wait_for_series(f'environment_dependency_failures_total{{job="{ENVIRONMENT_JOB}"}} >= 3')
         env_process.check_alive()
 
+        # Model calls through `rollout-fleet router` in front of the same shards (one malformed: refused, 400).
+        router.start()
+        server.wait_for_series(f'up{{job="{ROUTER_JOB}"}} == 1', timeout=60)
+        router_url = f"http://127.0.0.1:{router_port}"
+        wait_until(lambda: router_ready(router_url), timeout=60, what="router with a routable shard", process=router)
+        codes = route_requests(f"http://127.0.0.1:{router_port}", 12)
+        assert codes.count(200) == 12, codes
+        server.wait_for_series(f'router_requests_total{{job="{ROUTER_JOB}", code="200"}} >= 12')
+        server.wait_for_series(f'router_refused_total{{job="{ROUTER_JOB}", reason="malformed"}} >= 1')
+
         # Fleet trouble the operator sees: one shard dies, then the other.
         sim_shards[1][0].kill()
         wait_for_alert(server, "RolloutFleetDegraded")
@@ -186,6 +251,11 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         wait_until(lambda: (tmp_path / "demo" / "report.json").exists(), timeout=240, what="demo run", process=demo)
         wait_for_alert(server, "RolloutDataFailureSpike")
         server.wait_for_series(f'rollout_prompts_total{{job="{TRAINER_JOB}", result="completed"}} > 0')
+
+        # The router, with both its shards dead, answers 409 (and keeps its latency panel fed within the window).
+        no_shard = [route_status(f"http://127.0.0.1:{router_port}") for _ in range(3)]
+        assert no_shard == [409, 409, 409], no_shard
+        server.wait_for_series(f'router_requests_total{{job="{ROUTER_JOB}", code="409"}} >= 3')
 
         # Every panel of every dashboard has finite data.
         empty = []
@@ -220,7 +290,7 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         }
         used |= {n for rule in alert_rules() for n in metric_names(rule["expr"])}
         assert used <= scraped, f"named but never exposed by the run: {sorted(used - scraped)}"
-        ours = {n for n in scraped if n.startswith(("rollout_", "fleet_", "environment_"))}
+        ours = {n for n in scraped if n.startswith(("rollout_", "fleet_", "environment_", "router_"))}
         assert ours <= registered_metric_names(), sorted(ours - registered_metric_names())
 
         # Every rule evaluates without error on the real series.
@@ -230,6 +300,7 @@ def test_dashboards_and_alerts_show_data_from_a_real_run(
         assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
     finally:
         operator.stop()
+        router.stop()
     wait_for_alert(server, "RolloutFleetOperatorDown")
     demo.stop()
     assert "Traceback" not in operator.log_path.read_text(), operator.tail(60)

@@ -40,6 +40,7 @@ def test_demo_cli_runs_end_to_end_and_reports_every_prompt(tmp_path: Path) -> No
         fault.kind.value for fault in chaos_schedule(["a", "b", "c", "d"]).faults
     ]
     assert report["mean_reward"] == 1.0  # no failed attempt ever became a (zero-reward) result
+    assert report["environment_servers_killed"] == ["env-0"]  # and every episode still scored, on env-1
     ledger = [json.loads(line) for line in (report_dir / "failures.jsonl").read_text().splitlines()]
     assert sorted(entry["prompt_id"] for entry in ledger) == sorted(f["prompt_id"] for f in report["data_failures"])
     assert "demo summary" in done.stdout

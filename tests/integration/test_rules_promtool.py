@@ -28,6 +28,10 @@ EXPECTED_ALERTS = {
     "RolloutDataFailureSpike",
     "RolloutRedispatchExhausted",
     "RolloutShardStale",
+    # the router
+    "RolloutRouterNoHealthyShard",
+    "RolloutRouterStreamsInterrupted",
+    "RolloutRouterSaturated",
 }
 
 

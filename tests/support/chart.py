@@ -38,7 +38,7 @@ GRAFANA_VARIABLES = {
     "$instance": ".*",
 }
 
-_METRIC_PREFIXES = ("rollout_", "fleet_", "environment_")
+_METRIC_PREFIXES = ("rollout_", "fleet_", "environment_", "router_")
 
 
 def package_version() -> str:
@@ -139,13 +139,19 @@ def exposed_names(registry: CollectorRegistry) -> set[str]:
 
 
 def registered_metric_names() -> set[str]:
-    """The names the code registers: the runtime's, the environment server's and the operator's registries."""
+    """The names the code registers: the runtime's, the router's, the environment server's and the operator's."""
+    from prometheus_client import CollectorRegistry
+
     from fleet_operator.metrics import FleetMetrics
     from rollout_runtime.environment.metrics import EnvironmentMetrics
     from rollout_runtime.metrics import RolloutMetrics
+    from rollout_runtime.router.metrics import RouterMetrics
 
+    router = CollectorRegistry()
+    RouterMetrics(router)
     return (
-        exposed_names(RolloutMetrics().registry)
+        exposed_names(router)
+        | exposed_names(RolloutMetrics().registry)
         | exposed_names(EnvironmentMetrics().registry)
         | exposed_names(FleetMetrics().registry)
     )

@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from fleet_operator.crds import ROLLOUT_FLEET, render_crd
-from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status
+from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, Member, fleet_status
 from fleet_operator.leader import LeaseAction, LeaseRecord, decide
-from fleet_operator.models import GenerationShardSpec, RolloutFleetSpec
+from fleet_operator.models import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec
 from fleet_operator.settings import OperatorSettings
 from fleet_operator.status_table import fleet_table
 from rollout_runtime.dispatch import DispatchPolicy
@@ -136,3 +136,21 @@ def test_status_table_lists_selected_members_with_phase_and_set_membership() -> 
     assert "Unhealthy" in rows["s2"]
     assert "no" in rows["s2"]
     assert "timeout" in rows["s2"]
+
+
+def test_the_runtime_reads_the_environment_servers_the_operator_publishes_apart_from_the_shards() -> None:
+    shard = Member(
+        GENERATION_SHARD, "ns", "s1", {}, GenerationShardSpec(endpoint="http://10.0.0.5:8000"),
+        "http://10.0.0.5:8000", HealthPhase.HEALTHY, 1.7e9,
+    )  # fmt: skip
+    env_spec = EnvironmentServerSpec(endpoint="http://10.0.0.9:9000", weight=2)
+    env = Member(ENVIRONMENT_SERVER, "ns", "env-1", {}, env_spec, "http://10.0.0.9:9000", HealthPhase.HEALTHY, 1.7e9)
+    fleet = RolloutFleetSpec.model_validate({"shardSelector": {}, "environmentServerSelector": {}})
+    status = fleet_status(fleet, [shard, env], generation=1, previous=None, now=1.7e9).to_kube()
+
+    servers = healthy_set_from_status(status, "environmentServers")
+    shards = healthy_set_from_status(status)
+
+    assert [(s.name, s.endpoint, s.weight) for s in servers.shards] == [("env-1", "http://10.0.0.9:9000", 2.0)]
+    assert [s.name for s in shards.shards] == ["s1"]
+    assert KubernetesShardSource("a", "ns", members="environmentServers").members == "environmentServers"

@@ -124,3 +124,26 @@ renders. The operator enforces the same rules at start (fleet_operator/settings.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The router's labels: the chart's, with component=router (so the operator's selector never matches them). */}}
+{{- define "rollout-fleet.routerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rollout-fleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: router
+{{- end }}
+
+{{- define "rollout-fleet.routerLabels" -}}
+helm.sh/chart: {{ include "rollout-fleet.chart" . }}
+{{ include "rollout-fleet.routerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: rollout-fleet
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "rollout-fleet.routerName" -}}
+{{- printf "%s-router" (include "rollout-fleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rollout-fleet.routerFleetNamespace" -}}
+{{- default .Release.Namespace .Values.router.fleetNamespace }}
+{{- end }}

@@ -27,6 +27,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "Classify sample failures (and given HTTP statuses) as INFRA or DATA.",
     ),
     "demo": ("rollout_runtime.cli.demo:demo", "Run the local demo fleet: simulated shards, chaos, live metrics."),
+    "router": (
+        "rollout_runtime.cli.router:router",
+        "Serve an OpenAI-compatible router over the fleet's healthy shards, for environment servers.",
+    ),
     "sim-shard": ("rollout_runtime.cli.sim_shard:sim_shard", "Serve a simulated OpenAI-compatible generation shard."),
     "sim-env": ("rollout_runtime.cli.sim_env:sim_env", "Serve a simulated environment server."),
     "crds": ("fleet_operator.cli:crds", "Print (or write) the CustomResourceDefinitions generated from the models."),

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch import blame
+from rollout_runtime.dispatch.affinity import affinity_key, pick_affine
 from rollout_runtime.dispatch.budget import (
     DataFailedDecision,
     ExhaustedDecision,
@@ -762,6 +763,8 @@ class Dispatcher:
         if not routable:
             return None
         self._cursor += 1
+        if (key := affinity_key(state.prompt)) is not None:  # a session stays on its shard while it is routable
+            return pick_affine(routable, key, last_failed=state.last_failed, tried=state.tried)
         return pick_shard(routable, start=self._cursor, last_failed=state.last_failed, tried=state.tried)
 
     async def _wait_for_shard(self, state: _PromptState) -> _Slot | None:

@@ -22,7 +22,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -56,15 +56,21 @@ def _unix(timestamp: str | None) -> float | None:
         return None
 
 
-def healthy_set_from_status(status: Mapping[str, Any] | None) -> HealthySet:
+MemberKind = Literal["shards", "environmentServers"]
+"""Which of a RolloutFleet's published sets a source follows: generation shards, or environment servers."""
+
+
+def healthy_set_from_status(status: Mapping[str, Any] | None, members: MemberKind = "shards") -> HealthySet:
     """A RolloutFleet's ``status`` -> the HealthySet the dispatcher follows (revision taken from the status).
 
-    Entries that do not parse are skipped with a log line rather than failing the whole set.
+    ``members="environmentServers"`` reads the environment servers instead (as Shard records: a name, an endpoint,
+    a weight), for :class:`~rollout_runtime.environment.pool.EnvironmentPool`. Entries that do not parse are skipped
+    with a log line rather than failing the whole set.
     """
     status = status or {}
     shards: list[Shard] = []
     probe_ok_at: dict[str, float] = {}
-    for entry in status.get("shards") or []:
+    for entry in status.get(members) or []:
         try:
             shard = Shard(
                 name=entry["name"],
@@ -110,6 +116,7 @@ class KubernetesShardSource:
         watch_timeout_seconds: int = 240,
         reconnect_initial_seconds: float = 0.5,
         reconnect_max_seconds: float = 30.0,
+        members: MemberKind = "shards",
     ) -> None:
         if (
             watch_timeout_seconds < 1
@@ -119,6 +126,8 @@ class KubernetesShardSource:
             raise ValueError("watch_timeout_seconds >= 1 and 0 < reconnect_initial_seconds <= reconnect_max_seconds")
         self.fleet = fleet
         self.namespace = namespace
+        self.members: MemberKind = members
+        """``"shards"``, or ``"environmentServers"`` to follow the fleet's environment servers."""
         self._kubeconfig = Path(kubeconfig) if kubeconfig is not None else None
         self._api_client = api_client
         self._watch_timeout = watch_timeout_seconds
@@ -283,7 +292,7 @@ class KubernetesShardSource:
 
     def _snapshot(self, fleet: Mapping[str, Any] | None) -> HealthySet:
         self.fleet_object = dict(fleet) if fleet is not None else None
-        return healthy_set_from_status((fleet or {}).get("status"))
+        return healthy_set_from_status((fleet or {}).get("status"), self.members)
 
     async def _list(self, api: client.CustomObjectsApi) -> tuple[str, HealthySet]:
         self.relists += 1

@@ -198,6 +198,10 @@ class MultiStepRequest(EpisodeRequest):
     values: Annotated[list[Annotated[int, Field(ge=-1_000_000, le=1_000_000)]], Field(min_length=1, max_length=64)]
     tool_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """A remote tool server holding the sandbox (``POST /open``, ``/step``, ``/close``); local when absent."""
+    policy_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """An OpenAI-compatible policy (a shard, or ``rollout-fleet router``) asked for each step's new total, with
+    the episode id as the session (``user``), the way an agent calls its model; the sum is computed locally when
+    absent."""
     restart_only: bool = False
     step_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Simulated work per step (for demos)."""
@@ -294,12 +298,37 @@ class MultiStepEnvironment(BaseEnvironmentServer[MultiStepRequest, MultiStepResp
         if request.step_delay_seconds:
             await asyncio.sleep(request.step_delay_seconds)
         value = request.values[index]
+        if request.policy_url is not None:
+            return await self._ask_policy(request, index, previous, value)
         if request.tool_url is None:
             return previous + value
         payload = {"sandbox_id": sandbox, "episode_id": request.episode_id, "step": index, "total": previous,
                    "value": value}  # fmt: skip
         reply = await self._tool(request, "/step", payload, stage=f"apply-{index}")
         return int(reply["total"])
+
+    async def _ask_policy(self, request: MultiStepRequest, index: int, previous: int, value: int) -> int:
+        assert request.policy_url is not None
+        payload = {
+            "messages": [{"role": "user", "content": f"What is {previous} + {value}?"}],
+            "max_tokens": 16,
+            "user": request.episode_id,
+        }
+        url = f"{request.policy_url.rstrip('/')}/v1/chat/completions"
+        stage = f"apply-{index}"
+        try:
+            async with self._http.get().post(url, json=payload) as response:
+                await raise_for_dependency_status(response)
+                raw = await _read_bounded(response)
+            text = json.loads(raw)["choices"][0]["message"]["content"]
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise dependency_episode_failure(exc, stage=stage, name_error_type=True) from exc
+        except (KeyError, IndexError, TypeError) as exc:
+            raise handled_episode_failure(stage, "the policy's reply carries no message", terminal=True) from exc
+        total = last_integer(text) if isinstance(text, str) else None
+        if total is None:
+            raise handled_episode_failure(stage, "the policy's reply carries no number", terminal=True)
+        return total
 
     async def _tool(self, request: MultiStepRequest, path: str, payload: dict[str, Any], *, stage: str) -> Any:
         assert request.tool_url is not None

@@ -1,0 +1,146 @@
+"""``rollout-fleet router``: serve the OpenAI-compatible router (see :mod:`rollout_runtime.router`).
+
+Two shard sources: ``--shard URL`` (repeatable; the router probes them itself, no Kubernetes) or ``--fleet NAME
+--namespace NS`` (follow a RolloutFleet's status, as the operator publishes it). On startup it prints one
+machine-readable line, ``ROUTER_READY {"host": ..., "port": ..., "pid": ...}``, so a parent can pass ``--port 0``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+from pydantic import ValidationError
+
+from rollout_runtime.cli.options import (
+    EXIT_WITH_PARENT,
+    HOST,
+    PORT_NUMBER,
+    command_help,
+    config_from_options,
+    log_level,
+)
+from rollout_runtime.health.hysteresis import ProbeSettings
+from rollout_runtime.router import READY_PREFIX, Router, RouterConfig, serve_router
+from rollout_runtime.shards.model import Shard, ShardSource
+
+_DETAILS = (
+    "Point environment and agent servers at http://HOST:PORT/v1 (NeMo-Gym's policy_base_url). With no routable "
+    "shard the router answers 409 with a JSON reason (clients do not retry 409 forever as they do 503)."
+)
+
+
+def shards_from_urls(urls: tuple[str, ...]) -> list[Shard]:
+    """``--shard`` values (``URL`` or ``NAME=URL``) as shards, named by host:port unless named. Pure."""
+    shards = []
+    for value in urls:
+        name, sep, url = value.partition("=")
+        if not sep or "://" in name:
+            name, url = "", value
+        try:
+            parts = urlsplit(url)
+            shards.append(Shard(name=name or parts.netloc or url, endpoint=url))
+        except (ValidationError, ValueError) as exc:
+            raise click.BadParameter(f"{value!r} is not an http(s) URL of a shard ({exc.__class__.__name__})") from None
+    names = [s.name for s in shards]
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"shard names must be unique, got {names}; name them as NAME=URL")
+    return shards
+
+
+@click.command("router", help=command_help("router", _DETAILS))
+@HOST
+@click.option("--port", type=PORT_NUMBER, default=8000, show_default=True, help="0: the kernel picks a free port.")
+@click.option("--shard", "shard_urls", multiple=True, help="A shard's base URL, or NAME=URL (repeatable).")
+@click.option("--fleet", default=None, help="Follow this RolloutFleet's healthy shards instead of --shard.")
+@click.option("--namespace", "-n", default="default", show_default=True, help="The RolloutFleet's namespace.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024, show_default=True)
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option(
+    "--read-timeout",
+    "read_timeout_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Longest silence from a shard (s), before its first byte or within a stream.",
+)
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option(
+    "--probe-period",
+    type=click.FloatRange(min=0.05),
+    default=None,
+    help="Seconds between probes of each --shard (default: the probes' own); each probe times out at 0.8 of it.",
+)
+@EXIT_WITH_PARENT
+@log_level("INFO")
+def router(
+    host: str,
+    port: int,
+    shard_urls: tuple[str, ...],
+    fleet: str | None,
+    namespace: str,
+    kubeconfig: Path | None,
+    max_body_bytes: int,
+    max_concurrency: int,
+    read_timeout_seconds: float,
+    max_attempts: int,
+    probe_period: float | None,
+    exit_with_parent: bool,
+    log_level: str,
+) -> None:
+    if bool(shard_urls) == bool(fleet):
+        raise click.UsageError("give either --shard URL (repeatable) or --fleet NAME, not both and not neither")
+    config = config_from_options(
+        RouterConfig,
+        max_body_bytes=max_body_bytes,
+        max_concurrency=max_concurrency,
+        read_timeout_seconds=read_timeout_seconds,
+        max_attempts=max_attempts,
+    )
+    source: ShardSource
+    if fleet:
+        from rollout_runtime.shards.kubernetes import KubernetesShardSource
+
+        source = KubernetesShardSource(fleet, namespace=namespace, kubeconfig=kubeconfig)
+    else:
+        from rollout_runtime.shards.local import LocalShardSource
+
+        settings = ProbeSettings()
+        if probe_period is not None:
+            timeout = min(settings.timeout_seconds, 0.8 * probe_period)
+            settings = config_from_options(ProbeSettings, period_seconds=probe_period, timeout_seconds=timeout)
+        source = LocalShardSource(shards_from_urls(shard_urls), settings)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve(source, config, host, port, exit_with_parent=exit_with_parent))
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+
+
+async def _serve(source: ShardSource, config: RouterConfig, host: str, port: int, *, exit_with_parent: bool) -> None:
+    parent = os.getppid()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with Router(source, config) as routing, serve_router(routing, host=host, port=port) as server:
+        sys.stdout.write(READY_PREFIX + json.dumps({"host": host, "port": server.port, "pid": os.getpid()}) + "\n")
+        sys.stdout.flush()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            except TimeoutError:
+                if exit_with_parent and os.getppid() != parent:
+                    break
+
+
+if __name__ == "__main__":
+    router()

@@ -1,0 +1,360 @@
+"""``rollout-fleet router``: an OpenAI-compatible endpoint for environment and agent servers, over the dispatcher.
+
+Every model request goes through the dispatcher (:meth:`Router.route`): its selection (least outstanding, or the
+session's shard by rendezvous hashing), its classification of failures (:func:`~rollout_runtime.failures.diagnose`)
+and its passive ejection, over any shard source. Retries happen only before the first byte reaches the client;
+after that a failure ends the stream with an error event (see :mod:`rollout_runtime.router.upstream`).
+
+Answers the router gives itself, without trying a shard (counted in ``router_refused_total``):
+
+- **400** the body is not a JSON object;
+- **413** the body is larger than ``max_body_bytes``;
+- **429** (with ``Retry-After``) ``max_concurrency`` requests are already in flight;
+- **409** no shard is routable. Not a 503: OpenAI-compatible clients (NeMo-Gym among them) retry 429/502/503/504
+  without end, which turns a dead fleet into a hot loop; a 409 stops them and says why in the body.
+
+After trying: the shard's own 4xx is relayed as it came (the request's fault, never retried); a request whose
+attempts all failed is a 502 (504 when the last one timed out) naming the shards tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchEvent, Outcome, Skipped
+from rollout_runtime.router.config import RouterConfig
+from rollout_runtime.router.metrics import RouterMetrics
+from rollout_runtime.router.upstream import Forward, Opener, Relayed, StreamRelay, forward_attempt
+from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
+
+__all__ = [
+    "ATTEMPTS_HEADER",
+    "READY_PREFIX",
+    "SHARD_HEADER",
+    "WEIGHTS_HEADER",
+    "Router",
+    "RouterServer",
+    "serve_router",
+    "stream_error_event",
+]
+
+log = logging.getLogger("rollout_runtime.router")
+access_log = logging.getLogger("rollout_runtime.router.access")
+
+SHARD_HEADER: Final[str] = "X-Rollout-Shard"
+"""The shard that produced the answer."""
+WEIGHTS_HEADER: Final[str] = "X-Rollout-Weights-Version"
+"""The weights version that shard serves, when the shard source knows it."""
+ATTEMPTS_HEADER: Final[str] = "X-Rollout-Attempts"
+"""Shards tried for this answer (1 unless an earlier one failed before its first byte)."""
+READY_PREFIX: Final[str] = "ROUTER_READY "
+"""The line ``rollout-fleet router`` prints once it listens, then JSON with host, port and pid."""
+
+Writer = Callable[[bytes], Awaitable[None]]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
+_MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
+_SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def _error(status: int, kind: str, message: str, **extra: Any) -> web.Response:
+    """An OpenAI-shaped error body: ``{"error": {"message", "type", "code", ...}}``."""
+    body = {"error": {"message": message, "type": kind, "code": status, **extra}}
+    return web.json_response(body, status=status)
+
+
+def _shard_headers(shard: Shard, attempts: int | None = None) -> dict[str, str]:
+    headers = {SHARD_HEADER: shard.name}
+    weights = getattr(shard, "weights_version", None)  # set by sources that know it
+    if weights:
+        headers[WEIGHTS_HEADER] = str(weights)
+    if attempts is not None:
+        headers[ATTEMPTS_HEADER] = str(attempts)
+    return headers
+
+
+def stream_error_event(message: str, shard: str) -> bytes:
+    """The SSE event that ends a stream a shard broke: OpenAI clients raise on an ``error`` event."""
+    payload = {"error": {"message": message, "type": "stream_interrupted", "code": 502, "shard": shard}}
+    return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request: client, method, path (no query string), status, duration, shard. Never a body or a
+    header, so neither a prompt nor a credential reaches the log."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            "%s %s %s %d %.1fms shard=%s",
+            request.remote,
+            request.method,
+            request.path,
+            response.status,
+            time * 1000,
+            response.headers.get(SHARD_HEADER, "-"),
+        )
+
+
+class Router:
+    """The router's state: one long-lived dispatcher (shared ejection state) and one client session to the shards.
+
+    ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
+    :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
+
+    ::
+
+        async with Router(LocalShardSource(shards)) as router:
+            app = router.app()
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        config: RouterConfig | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        observer: Callable[[DispatchEvent], None] | None = None,
+    ) -> None:
+        self.config = config or RouterConfig()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        fleet, namespace = fleet_identity(source)
+        self.metrics = RouterMetrics(self.registry, fleet=fleet, namespace=namespace)
+        policy = self.config.dispatch_policy()
+        self.dispatcher = Dispatcher(source, policy, registry=self.registry, observer=observer)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.config.connect_timeout_seconds, sock_read=self.config.read_timeout_seconds
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+
+    async def __aenter__(self) -> Router:
+        await self.dispatcher.__aenter__()
+        connector = aiohttp.TCPConnector(limit=self.config.max_concurrency, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.dispatcher.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether a request would find a shard now."""
+        return bool(self.dispatcher.routable)
+
+    # -- the one path to the dispatcher ---------------------------------------------------------------------------
+
+    async def route(self, forward: Forward) -> Outcome[Forward, Relayed] | None:
+        """Run one request through the dispatcher; its outcome, or None when a committed stream ended broken.
+
+        The one place the router talks to the dispatcher: a one-prompt run on the long-lived dispatcher, so every
+        request shares its selection, ejection and metrics. (With ``Dispatcher.session()`` this becomes one
+        ``session.submit(forward)``.) A stream's attempt hands the client its bytes itself; once it broke, its
+        answer is fixed, so the run (and any retry it scheduled) is closed at once instead of awaited.
+        """
+        run = self.dispatcher.run([forward], self._attempt)
+        async with run:
+            outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
+            waiters: set[asyncio.Future[Any]] = {outcome}
+            ended: asyncio.Future[Any] | None = None
+            if forward.relay is not None:
+                ended = asyncio.ensure_future(forward.relay.ended.wait())
+                waiters.add(ended)
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                if outcome.done() or forward.relay is None or forward.relay.interrupted is None:
+                    return await outcome
+                return None
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+
+    async def _attempt(self, shard: Shard, forward: Forward) -> Relayed:
+        assert self._session is not None, "use the Router as `async with Router(...)`"
+        limit = self.config.max_response_bytes
+        return await forward_attempt(
+            self._session, shard, forward, client_timeout=self._timeout, max_response_bytes=limit
+        )
+
+    # -- HTTP ----------------------------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The aiohttp application (the caller runs it; :func:`serve_router` does)."""
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._measured])
+        for path in _ROUTES:
+            app.router.add_post(path, self._generation)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        routable = self.dispatcher.routable
+        if routable:
+            return web.json_response({"status": "ready", "routable": len(routable)})
+        return web.json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(self.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, Forward("GET", "/v1/models"))
+
+    def _no_shard_reason(self) -> str:
+        snapshot = self.dispatcher.snapshot
+        if snapshot is None:
+            return "the shard source has not reported a healthy set yet"
+        if not snapshot.shards:
+            return "the shard source reports no healthy shard"
+        return f"all {len(snapshot.shards)} healthy shard(s) are ejected"
+
+    def _refuse(self, reason: str, response: web.Response) -> web.Response:
+        self.metrics.refused(reason)
+        return response
+
+    async def _generation(self, request: web.Request) -> web.StreamResponse:
+        if self._in_flight >= self.config.max_concurrency:
+            busy = _error(429, "busy", f"the router has {self.config.max_concurrency} requests in flight; retry later")
+            busy.headers["Retry-After"] = str(self.config.retry_after_seconds)
+            return self._refuse("busy", busy)
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._refuse("too_large", _error(413, "request_too_large", f"the body exceeds {limit} bytes"))
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse("too_large", _error(413, "request_too_large", f"the body exceeds {limit} bytes"))
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            return self._refuse("malformed", _error(400, "invalid_request_error", f"the body is not JSON: {exc}"))
+        if not isinstance(payload, dict):
+            return self._refuse("malformed", _error(400, "invalid_request_error", "the body must be a JSON object"))
+        affinity = request.headers.get(self.config.affinity_header) or payload.get("user")
+        forward = Forward("POST", request.path, body, affinity if isinstance(affinity, str) else None)
+        if payload.get("stream") is True:
+            forward.relay = StreamRelay(self._opener(request))
+        return await self._answer(request, forward)
+
+    def _opener(self, request: web.Request) -> Opener:
+        async def open_stream(
+            shard: Shard, passed: Mapping[str, str], attempt: int
+        ) -> Callable[[bytes], Awaitable[None]]:
+            response = web.StreamResponse(headers={**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt)})
+            await response.prepare(request)
+            request["router_stream"] = response
+            return response.write
+
+        return open_stream
+
+    async def _answer(self, request: web.Request, forward: Forward) -> web.StreamResponse:
+        if not self.dispatcher.routable:
+            reason = self._no_shard_reason()
+            return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", f"no healthy shard: {reason}"))
+        self._in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            outcome = await self.route(forward)
+            return await self._respond(request, forward, outcome)
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    @web.middleware
+    async def _measured(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Count and time every answer of the API routes, refusals included (by status code)."""
+        if request.path not in _MEASURED:
+            return await handler(request)
+        started = time.perf_counter()
+        code = 499  # the client went away before the answer was complete
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        finally:
+            self.metrics.answered(request.path, code, time.perf_counter() - started)
+
+    async def _respond(
+        self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | None
+    ) -> web.StreamResponse:
+        relay = forward.relay
+        stream: web.StreamResponse | None = request.get("router_stream")
+        if relay is not None and stream is not None:  # committed: the client has the headers and some bytes
+            if relay.interrupted is not None:
+                shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
+                self.metrics.interrupted()
+                log.warning("stream from shard %s interrupted: %s", shard, relay.interrupted)
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await stream.write(stream_error_event(relay.interrupted, shard))
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await stream.write_eof()
+            return stream
+        if isinstance(outcome, Completed):
+            result = outcome.result
+            headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts)}
+            return web.Response(status=result.status, body=result.body, headers=headers)
+        if isinstance(outcome, DataFailed):
+            rejected = forward.rejected
+            if rejected is not None:
+                headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(outcome.attempts)}
+                if outcome.shards:
+                    headers[SHARD_HEADER] = outcome.shards[-1]
+                return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
+            return _error(502, "upstream_error", outcome.reason, shards=list(outcome.shards))
+        if isinstance(outcome, Skipped):
+            if outcome.failure_type == "NoHealthyShards":
+                reason = f"no healthy shard: {self._no_shard_reason()}"
+                return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", reason))
+            status = 504 if outcome.failure_type == "RolloutTimeout" else 502
+            message = f"{outcome.attempts} attempt(s) failed; last: {outcome.reason}"
+            return _error(status, "upstream_unavailable", message, shards=list(outcome.shards))
+        return _error(502, "upstream_unavailable", "the request ended without an answer")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterServer:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_router(router: Router, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[RouterServer]:
+    """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open."""
+    runner = web.AppRunner(router.app(), access_log=access_log, access_log_class=AccessLogger)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        yield RouterServer(host=host, port=int(bound))
+    finally:
+        await runner.cleanup()

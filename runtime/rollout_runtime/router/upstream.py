@@ -1,0 +1,233 @@
+"""One attempt of one routed request on one shard: the dispatcher's ``rollout(shard, forward)`` for the router.
+
+What a shard's answer means is the generation client's mapping (:mod:`rollout_runtime.generation`), applied to
+relayed bytes instead of parsed completions:
+
+- cannot connect, dropped, silent past the read timeout, a 5xx/408/425/429, a redirect -> infra (retried on
+  another shard, the shard passively ejected when it is to blame);
+- any other 4xx -> :class:`ShardRejected` (data): the request's own fault, relayed to the client as the shard said
+  it, never retried;
+- a 2xx: a non-streamed body is read (bounded) and handed back; a stream is relayed as it arrives.
+
+A stream is *committed* once its first byte is written to the client: from then on it cannot move to another
+shard. If the shard fails after that, the attempt raises :class:`StreamInterrupted` (infra, blaming the shard, so
+it is ejected as any failure would), and the request handler ends the client's stream with an error event. A stream
+that ends without ``data: [DONE]`` is interrupted too: a truncation is never passed off as an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import aiohttp
+
+from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, RolloutTimeout, http_status_is_infra
+from rollout_runtime.redaction import redact_url, redirect_message, safe_message
+from rollout_runtime.shards.model import Shard
+
+__all__ = [
+    "Forward",
+    "Relayed",
+    "ShardRejected",
+    "StreamInterrupted",
+    "StreamRelay",
+    "forward_attempt",
+]
+
+_DONE: Final[bytes] = b"data: [DONE]"
+_PASSED_HEADERS: Final[tuple[str, ...]] = ("Content-Type",)
+_CHUNK: Final[int] = 64 * 1024
+
+
+class ShardRejected(RolloutDataFailure):
+    """A shard answered the request with a 4xx that is the request's fault; the router relays it as it came."""
+
+    def __init__(self, message: str, *, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(message, status=status)
+        self.body = body
+        self.content_type = content_type
+
+
+class StreamInterrupted(GenerationUnavailable):
+    """A shard failed after its stream's first byte reached the client: the stream ends with an error event."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection while a stream was relayed: nobody's failure, nothing to retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """A shard's complete answer to a non-streamed request (or the summary of a relayed stream)."""
+
+    shard: Shard
+    status: int
+    headers: Mapping[str, str]
+    body: bytes = b""
+    streamed_bytes: int = 0
+    client_gone: bool = False
+
+
+Opener = Callable[[Shard, Mapping[str, str], int], Awaitable[Callable[[bytes], Awaitable[None]]]]
+"""Called once, with the shard, its passed headers and the attempt's number, before a stream's first byte:
+prepares the client's response and returns the function that writes bytes to it."""
+
+
+@dataclass(eq=False, slots=True)
+class StreamRelay:
+    """The client's side of one streamed request, shared by every attempt of it."""
+
+    open: Opener
+    committed_to: Shard | None = None
+    """The shard whose bytes the client is receiving (None until the first byte)."""
+    interrupted: str | None = None
+    """Why the stream broke after it was committed (None: it did not)."""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a committed stream stops, cleanly or not: the request's answer is then fixed."""
+
+
+@dataclass(eq=False, slots=True)
+class Forward:
+    """One client request as the dispatcher's prompt: what to send, and the session it belongs to."""
+
+    method: str
+    path: str
+    body: bytes | None = None
+    affinity: str | None = None
+    """Session key: :mod:`rollout_runtime.dispatch.affinity` keeps the session on one shard while it is routable."""
+    relay: StreamRelay | None = None
+    """Set for ``"stream": true`` requests."""
+    attempts: int = 0
+    """Attempts that reached a shard so far."""
+    rejected: ShardRejected | None = None
+    """The shard's 4xx for this request, to relay as it came (set by the attempt that got it)."""
+
+
+def _where(shard: Shard) -> str:
+    return f"shard {shard.name} ({redact_url(shard.endpoint)})"
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int, where: str) -> bytes:
+    too_large = f"{where}: response larger than {limit} bytes"
+    if response.content_length is not None and response.content_length > limit:
+        raise GenerationUnavailable(too_large, status=response.status)
+    buffer = bytearray()
+    async for chunk in response.content.iter_chunked(_CHUNK):
+        buffer += chunk
+        if len(buffer) > limit:
+            raise GenerationUnavailable(too_large, status=response.status)
+    return bytes(buffer)
+
+
+async def _check_status(response: aiohttp.ClientResponse, where: str, limit: int) -> None:
+    """Raise the taxonomy's failure for a reply that is not a 2xx (before any of it reaches the client)."""
+    status = response.status
+    if 200 <= status < 300:
+        return
+    if 300 <= status < 400:  # never followed: the request and any key would go to a host that is not a shard
+        raise GenerationUnavailable(redirect_message(where, status, response.headers), status=status)
+    body = await _read_bounded(response, limit, where)
+    if status < 200 or http_status_is_infra(status):
+        raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
+    content_type = response.headers.get("Content-Type", "application/json")
+    raise ShardRejected(f"{where} answered HTTP {status}", status=status, body=body, content_type=content_type)
+
+
+def _passed(response: aiohttp.ClientResponse) -> dict[str, str]:
+    return {name: response.headers[name] for name in _PASSED_HEADERS if name in response.headers}
+
+
+async def forward_attempt(
+    session: aiohttp.ClientSession,
+    shard: Shard,
+    forward: Forward,
+    *,
+    client_timeout: aiohttp.ClientTimeout,
+    max_response_bytes: int,
+) -> Relayed:
+    """Send ``forward`` to ``shard``; raise taxonomy failures only (see the module docstring)."""
+    relay = forward.relay
+    if relay is not None and relay.committed_to is not None:
+        # The stream already reached the client from another shard: this attempt must not touch one. The request
+        # handler closes the run (cancelling this) as soon as it sees the stream ended.
+        await asyncio.Event().wait()
+    forward.attempts += 1
+    where = _where(shard)
+    headers = {"Content-Type": "application/json"} if forward.body is not None else {}
+    try:
+        async with session.request(
+            forward.method,
+            shard.endpoint + forward.path,
+            data=forward.body,
+            headers=headers,
+            timeout=client_timeout,
+            allow_redirects=False,
+        ) as response:
+            await _check_status(response, where, max_response_bytes)
+            if relay is None:
+                body = await _read_bounded(response, max_response_bytes, where)
+                return Relayed(shard, response.status, _passed(response), body)
+            return await _relay_stream(response, shard, relay, where, forward.attempts)
+    except ShardRejected as exc:
+        forward.rejected = exc
+        raise
+    except (RolloutDataFailure, GenerationUnavailable):
+        raise
+    except ClientGone:
+        return Relayed(shard, 200, {}, client_gone=True)
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        failure = _after_commit(relay, f"{where} was silent for longer than the read timeout")
+        if failure is not None:
+            raise failure from exc
+        raise RolloutTimeout(f"{where} did not answer within the read timeout") from exc
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+        reason = safe_message(f"{where}: {type(exc).__name__}: {exc}")
+        failure = _after_commit(relay, reason)
+        if failure is not None:
+            raise failure from exc
+        raise GenerationUnavailable(reason) from exc
+    except aiohttp.ClientResponseError as exc:  # an unparseable HTTP response: the shard is broken
+        raise GenerationUnavailable(safe_message(f"{where}: invalid HTTP response: {exc.message}")) from exc
+    except asyncio.CancelledError:  # evicted (the shard left the healthy set) or the request ended
+        _after_commit(relay, f"shard {shard.name} left the healthy set mid-stream")
+        raise
+
+
+def _after_commit(relay: StreamRelay | None, reason: str) -> StreamInterrupted | None:
+    """Mark a committed stream interrupted; the failure to raise for it, or None if nothing was committed."""
+    if relay is None or relay.committed_to is None or relay.ended.is_set():
+        return None
+    relay.interrupted = reason
+    relay.ended.set()
+    return StreamInterrupted(reason)
+
+
+async def _relay_stream(
+    response: aiohttp.ClientResponse, shard: Shard, relay: StreamRelay, where: str, attempt: int
+) -> Relayed:
+    first = await response.content.readany()
+    if not first:
+        raise GenerationUnavailable(f"{where} closed its stream before the first byte")
+    write = await relay.open(shard, _passed(response), attempt)
+    relay.committed_to = shard
+    sent = 0
+    tail = b""
+    chunk = first
+    while chunk:
+        try:
+            await write(chunk)
+        except (ConnectionError, RuntimeError) as exc:  # the client went away: the shard did nothing wrong
+            relay.ended.set()
+            raise ClientGone(str(exc)) from exc
+        sent += len(chunk)
+        tail = (tail + chunk)[-64:]
+        chunk = await response.content.readany()
+    if _DONE not in tail:
+        failure = _after_commit(relay, f"{where} ended its stream without data: [DONE]")
+        assert failure is not None
+        raise failure
+    relay.ended.set()
+    return Relayed(shard, response.status, _passed(response), streamed_bytes=sent)

@@ -1,0 +1,44 @@
+"""The router's pure parts: ``--shard`` parsing, the stream error event, its config."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+
+from rollout_runtime.cli.router import shards_from_urls
+from rollout_runtime.router import RouterConfig, stream_error_event
+
+
+def test_shards_are_named_by_host_and_port_unless_named() -> None:
+    shards = shards_from_urls(("http://10.0.0.7:8000", "b=http://10.0.0.8:8000/"))
+    assert [(s.name, s.endpoint) for s in shards] == [("10.0.0.7:8000", "http://10.0.0.7:8000"),
+                                                       ("b", "http://10.0.0.8:8000")]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["10.0.0.7:8000", "ftp://host", "a=notaurl"])
+def test_a_shard_that_is_not_an_http_url_is_a_usage_error(value: str) -> None:
+    with pytest.raises(click.BadParameter, match="is not an http"):
+        shards_from_urls((value,))
+
+
+def test_two_shards_with_one_name_are_refused() -> None:
+    with pytest.raises(click.BadParameter, match="unique"):
+        shards_from_urls(("a=http://h:1", "a=http://h:2"))
+
+
+def test_the_stream_error_event_is_an_sse_error_event_openai_clients_raise_on() -> None:
+    event = stream_error_event("shard s1 was silent", "s1")
+    assert event.startswith(b"event: error\ndata: ")
+    assert event.endswith(b"\n\n")
+    payload = json.loads(event.split(b"data: ", 1)[1])
+    assert payload["error"] == {"message": "shard s1 was silent", "type": "stream_interrupted", "code": 502,
+                                "shard": "s1"}  # fmt: skip
+
+
+def test_the_router_relays_a_shards_4xx_at_once_and_answers_an_exhausted_request() -> None:
+    policy = RouterConfig(max_attempts=4).dispatch_policy()
+    assert policy.max_data_attempts == 1
+    assert policy.max_infra_attempts == 4
+    assert policy.max_skipped_prompts >= 1
