@@ -661,6 +661,10 @@ class Dispatcher:
         """Attempts in flight per healthy shard."""
         return {name: slot.outstanding for name, slot in self._slots.items()}
 
+    def weights_version(self, shard: str) -> int | None:
+        """The weights version ``shard`` is known to serve (None: weights not tracked, or unknown)."""
+        return self._weights.version_of(shard) if self._weights is not None else None
+
     def run(
         self,
         prompts: Iterable[P],

@@ -78,10 +78,9 @@ def _error(status: int, kind: str, message: str, **extra: Any) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def _shard_headers(shard: Shard, attempts: int | None = None) -> dict[str, str]:
+def _shard_headers(shard: Shard, attempts: int | None = None, weights: int | None = None) -> dict[str, str]:
     headers = {SHARD_HEADER: shard.name}
-    weights = getattr(shard, "weights_version", None)  # set by sources that know it
-    if weights:
+    if weights is not None:
         headers[WEIGHTS_HEADER] = str(weights)
     if attempts is not None:
         headers[ATTEMPTS_HEADER] = str(attempts)
@@ -167,9 +166,11 @@ class Router:
         """Run one request through the dispatcher; its outcome, or None when a committed stream ended broken.
 
         The one place the router talks to the dispatcher: a one-prompt run on the long-lived dispatcher, so every
-        request shares its selection, ejection and metrics. (With ``Dispatcher.session()`` this becomes one
-        ``session.submit(forward)``.) A stream's attempt hands the client its bytes itself; once it broke, its
-        answer is fixed, so the run (and any retry it scheduled) is closed at once instead of awaited.
+        request shares its selection, ejection, blame evidence, weights gating and metrics (all dispatcher state).
+        Not a ``Dispatcher.session()``: a session ends as a whole on a run-level error (a misconfigured fleet, a
+        healthy wait with no shard), while a router must keep serving and answer each request on its own. A
+        stream's attempt hands the client its bytes itself; once it broke, its answer is fixed, so the run (and
+        any retry it scheduled) is closed at once instead of awaited.
         """
         run = self.dispatcher.run([forward], self._attempt)
         async with run:
@@ -265,7 +266,9 @@ class Router:
         async def open_stream(
             shard: Shard, passed: Mapping[str, str], attempt: int
         ) -> Callable[[bytes], Awaitable[None]]:
-            response = web.StreamResponse(headers={**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt)})
+            weights = self.dispatcher.weights_version(shard.name)
+            headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
+            response = web.StreamResponse(headers=headers)
             await response.prepare(request)
             request["router_stream"] = response
             return response.write
@@ -316,7 +319,7 @@ class Router:
             return stream
         if isinstance(outcome, Completed):
             result = outcome.result
-            headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts)}
+            headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts, outcome.weights_version)}
             return web.Response(status=result.status, body=result.body, headers=headers)
         if isinstance(outcome, DataFailed):
             rejected = forward.rejected
