@@ -23,6 +23,9 @@ the last request sent to that shard while it was down, and wall time; then each 
     python bench/failover.py                    # full run: 6 shards, 32 concurrent, 4800 prompts (~4 minutes)
     python bench/failover.py --smoke            # tiny sizes (CI; no numbers asserted)
     python bench/failover.py --contenders rollout-fleet,haproxy --seed 7
+    python bench/failover.py --scenario poison      # a poison prompt among 4,800: healthy shards ejected, run ends?
+    python bench/failover.py --scenario fleet-401   # every shard 401: attempts to the run-level error vs a naive loop
+    python bench/failover.py --scenario no-shards   # 100,000 prompts, zero healthy shards: time to error, peak RSS
 
 Needs the peers: ``bash scripts/install-tools.sh haproxy nginx``.
 """
@@ -36,6 +39,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -707,6 +711,146 @@ async def main_async(scale: Scale, seed: int, contenders: Sequence[str], trace: 
     report(rows, scale)
 
 
+# -- blame scenarios (issue 13): in-process aiohttp shards on 127.0.0.1, no chaos ----------------------------------
+
+POISON_TEXT = "the prompt every shard answers 500"
+
+
+async def _blame_fleet(count: int, status_for: Callable[[str], int]) -> tuple[list[Shard], Callable[[], int], Any]:
+    """``count`` real aiohttp servers answering a completion, or ``status_for(prompt)`` when that is not 200."""
+    from contextlib import AsyncExitStack
+
+    from aiohttp import web
+
+    answered = [0]
+    stack = AsyncExitStack()
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        answered[0] += 1
+        prompt = (await request.json()).get("prompt", "")
+        status = status_for(prompt)
+        if status != 200:
+            return web.json_response({"error": {"message": f"refused ({status})"}}, status=status)
+        return web.json_response({"choices": [{"text": expected_answer(prompt), "finish_reason": "stop"}]})
+
+    shards = []
+    for index in range(count):
+        app = web.Application()
+        app.router.add_post("/v1/completions", route)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        stack.push_async_callback(runner.cleanup)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        shards.append(Shard(name=f"shard-{index}", endpoint=f"http://127.0.0.1:{port}"))
+    return shards, lambda: answered[0], stack
+
+
+async def scenario_poison(seed: int) -> None:
+    """A poison prompt (500 on every shard, as llama.cpp answers a malformed request) among 4,800."""
+    from rollout_runtime.shards import StaticShardSource
+
+    shards, answered, stack = await _blame_fleet(6, lambda p: 500 if p == POISON_TEXT else 200)
+    prompts = [f"prompt {i}" for i in range(4800)]
+    prompts[2400] = POISON_TEXT
+    policy = DispatchPolicy(max_concurrency=32, backoff_initial_seconds=0.1, backoff_max_seconds=2.0)
+    started = time.monotonic()
+    error: BaseException | None = None
+    results: dict[str, int] = {}
+    async with stack, GenerationClient() as client, Dispatcher(StaticShardSource(shards), policy, seed=seed) as d:
+
+        async def rollout(shard: Shard, prompt: str) -> str:
+            return (await client.complete(shard, prompt, max_tokens=16)).text
+
+        run = d.run(prompts, rollout)
+        try:
+            async for outcome in run:
+                results[type(outcome).__name__] = results.get(type(outcome).__name__, 0) + 1
+        except Exception as exc:
+            error = exc
+    print(
+        f"poison prompt among {len(prompts)} on {len(shards)} shards: outcomes {results}, run error "
+        f"{type(error).__name__ if error else 'none'}, healthy shards ejected {run.stats.ejections}, attempts "
+        f"{run.stats.attempts} ({answered()} answered), {time.monotonic() - started:.1f}s"
+    )
+
+
+async def scenario_fleet_401(seed: int) -> None:
+    """Every shard answers 401: attempts until the run-level error, against a naive loop over the same fleet."""
+    from rollout_runtime.shards import StaticShardSource
+
+    shards, answered, stack = await _blame_fleet(6, lambda p: 401)
+    prompts = [f"prompt {i}" for i in range(200)]
+    policy = DispatchPolicy(max_concurrency=32, backoff_initial_seconds=0.1, backoff_max_seconds=2.0)
+    error: BaseException | None = None
+    async with stack, GenerationClient() as client:
+        async with Dispatcher(StaticShardSource(shards), policy, seed=seed) as d:
+
+            async def rollout(shard: Shard, prompt: str) -> str:
+                return (await client.complete(shard, prompt, max_tokens=16)).text
+
+            run = d.run(prompts, rollout)
+            try:
+                async for _ in run:
+                    pass
+            except Exception as exc:
+                error = exc
+        ours = run.stats.infra_failures + run.stats.data_failures
+        before_naive = answered()
+        failed = 0
+        for index, prompt in enumerate(prompts):  # naive: each prompt on its shard, retried while it says infra
+            for attempt in range(1, policy.max_infra_attempts + 1):
+                try:
+                    await client.complete(shards[index % len(shards)], prompt, max_tokens=16)
+                    break
+                except RolloutFailure as exc:
+                    if classify_rollout_failure(exc) is FailureClass.DATA or attempt == policy.max_infra_attempts:
+                        failed += 1
+                        break
+        naive = answered() - before_naive
+    print(
+        f"fleet-wide 401 on {len(shards)} shards, {len(prompts)} prompts: rollout-fleet ended after {ours} failed "
+        f"attempts (bound 2 x shards = {2 * len(shards)}) with {type(error).__name__ if error else 'no error'}: "
+        f"{error}; naive loop: {naive} attempts, {failed} prompts failed, no run-level error"
+    )
+
+
+def scenario_no_shards(seed: int) -> None:
+    """100,000 prompts with zero healthy shards: seconds until the run raises, and the process's peak RSS."""
+    import resource
+
+    from rollout_runtime.shards import StaticShardSource
+
+    async def go() -> tuple[float, str]:
+        policy = DispatchPolicy(healthy_wait_seconds=1.0, backoff_initial_seconds=0.0, backoff_max_seconds=0.0)
+        started = time.monotonic()
+        async with Dispatcher(StaticShardSource([]), policy, seed=seed) as d:
+
+            async def rollout(shard: Shard, prompt: int) -> int:
+                return prompt
+
+            try:
+                async for _ in d.run(range(100_000), rollout):
+                    pass
+            except Exception as exc:
+                return time.monotonic() - started, f"{type(exc).__name__}: {exc}"[:120]
+        return time.monotonic() - started, "no error"
+
+    seconds, error = asyncio.run(go())
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"100,000 prompts, zero healthy shards (healthy wait 1 s): {seconds:.1f}s to {error}; peak RSS {peak_mb:.0f} MB"
+    )
+
+
+SCENARIOS: dict[str, Callable[[int], Any]] = {
+    "poison": lambda seed: asyncio.run(scenario_poison(seed)),
+    "fleet-401": lambda seed: asyncio.run(scenario_fleet_401(seed)),
+    "no-shards": scenario_no_shards,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
@@ -714,12 +858,16 @@ def main() -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {CONTENDERS}")
     parser.add_argument("--trace", type=int, default=0, help="print the N slowest prompts of each contender")
     parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="run one blame scenario instead")
     args = parser.parse_args()
     if args.weights:
         scale = SMOKE if args.smoke else FULL
         asyncio.run(
             weights_scenario(scale, args.seed, refit_every=scale.duration / 6, restart_every=scale.duration / 5)
         )
+        return
+    if args.scenario:
+        SCENARIOS[args.scenario](args.seed)
         return
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = set(contenders) - set(CONTENDERS)

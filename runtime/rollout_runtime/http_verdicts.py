@@ -12,9 +12,12 @@ status                      verdict  why
                                      object, ``choices: []``): a sane shard would not, whatever the prompt
 401, 403, 407               INFRA    credentials belong to the shard or the trainer's configuration, never to the
                                      prompt; every shard answering it ends the run with a run-level error
-404 "model does not exist"  INFRA    this shard serves another model; another shard can serve it
-404 otherwise, 400, 413,    DATA     the request (this prompt: too long, too large, invalid) is what the server
-422, other 4xx                       refused; confirmed on a second shard, or re-read as the shard's by evidence
+404                         INFRA    "The model `x` does not exist." (this shard serves another model) or no such
+                                     path (not an OpenAI API): the shard's, not the prompt's. Both, because a raw
+                                     aiohttp error carries no body to tell them apart, and a verdict must not
+                                     depend on the client; the message says which it was when the body is there
+400, 413, 422, other 4xx    DATA     the request (this prompt: too long, too large, invalid) is what the server
+                                     refused; confirmed on a second shard, or re-read as the shard's by evidence
 408, 425, 5xx               INFRA    the endpoint is unwell (http_status_is_infra)
 429, 503 with Retry-After   INFRA    backpressure: the shard is busy, not broken; go elsewhere, no ejection
 3xx, 1xx                    DATA     a protocol mismatch no other shard fixes (a redirect is reported by the client)
@@ -57,6 +60,7 @@ Kind = Literal[
 
 _RETRIABLE: Final[frozenset[int]] = frozenset({408, 425, 429})
 _CREDENTIALS: Final[frozenset[int]] = frozenset({401, 403, 407})
+_NOT_SERVED: Final[int] = 404
 _MODEL_MISSING: Final[re.Pattern[str]] = re.compile(
     r"model [`'\"]?.*[`'\"]? does not exist|model .*not found|no such model|unknown model", re.IGNORECASE
 )
@@ -87,7 +91,7 @@ def is_backpressure(status: int | None, retry_after: float | None) -> bool:
 
 def status_is_infra(status: int, message: str = "") -> bool:
     """The first verdict of an HTTP error status (see the module table); a bool for every int."""
-    return status >= 500 or status in _RETRIABLE or status in _CREDENTIALS or model_missing(status, message)
+    return status >= 500 or status in _RETRIABLE or status in _CREDENTIALS or status == _NOT_SERVED
 
 
 def verdict(status: int, message: str = "", retry_after: float | None = None) -> HttpVerdict:

@@ -79,8 +79,8 @@ async def test_retriable_statuses_are_generation_unavailable(client: GenerationC
     assert (await client.complete(sim, "hi")).text == "hi"
 
 
-@pytest.mark.parametrize("status", [401, 403, 407])
-async def test_credential_statuses_are_the_shards_not_the_prompts(
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+async def test_credential_and_not_found_statuses_are_the_shards_not_the_prompts(
     client: GenerationClient, sim: Shard, status: int
 ) -> None:
     """A rejected key says nothing about the prompt: infra, so blame can eject the shard or end a misconfigured run."""
@@ -91,7 +91,7 @@ async def test_credential_statuses_are_the_shards_not_the_prompts(
     assert f"HTTP {status}" in str(caught.value)
 
 
-@pytest.mark.parametrize("status", [400, 404, 413, 422])
+@pytest.mark.parametrize("status", [400, 413, 422])
 async def test_other_client_errors_are_data_failures(client: GenerationClient, sim: Shard, status: int) -> None:
     await set_faults(sim, fail_next=1, error_status=status)
     with pytest.raises(RolloutDataFailure) as caught:

@@ -89,6 +89,14 @@ def test_a_failure_that_follows_one_prompt_across_serving_shards_is_a_poison_pro
     assert fail(evidence, 5, "b", diag(500, "bad request")) is Blame.POISON
 
 
+def test_two_shards_bursting_503_at_once_do_not_convict_a_prompt() -> None:
+    evidence = Evidence()
+    for shard in SHARDS:
+        evidence.succeeded(shard, f"other-{shard}")
+    fail(evidence, 5, "a", diag(503, "injected fault"))
+    assert fail(evidence, 5, "b", diag(503, "injected fault")) is not Blame.POISON
+
+
 def test_shards_that_never_served_anything_do_not_convict_a_prompt() -> None:
     evidence = Evidence()
     fail(evidence, 5, "a", diag(500, "x"))
@@ -127,15 +135,32 @@ def test_a_single_shard_fleet_has_no_sick_shard_to_route_around() -> None:
     assert fail(evidence, 3, "a", diag(422, infra=False), healthy=("a",)) is not Blame.SICK_SHARD
 
 
-def test_a_data_verdict_is_confirmed_only_by_the_same_answer_from_two_shards() -> None:
+def test_a_data_verdict_is_confirmed_by_shards_that_serve_other_prompts() -> None:
     evidence = Evidence()
+    for shard in ("a", "b"):
+        evidence.succeeded(shard, f"other-{shard}")
     fail(evidence, 1, "a", diag(422, "x", infra=False))
-    fail(evidence, 1, "b", diag(413, "y", infra=False))
-    sig_a = signature(diag(422, "x", infra=False), "a", "")
-    assert sig_a is not None
-    assert not evidence.confirmed(1, sig_a)
-    fail(evidence, 1, "c", diag(422, "x", infra=False))
-    assert evidence.confirmed(1, sig_a)
+    sig = signature(diag(422, "x", infra=False), "a", "")
+    assert sig is not None
+    assert evidence.confirmed(1, sig)
+
+
+def test_an_answer_from_a_shard_that_serves_nothing_while_others_serve_is_not_confirmed() -> None:
+    evidence = Evidence()
+    evidence.succeeded("a", "other")
+    fail(evidence, 1, "c", diag(413, "too large", infra=False))
+    fail(evidence, 1, "d", diag(413, "too large", infra=False))
+    sig = signature(diag(413, "too large", infra=False), "c", "")
+    assert sig is not None
+    assert not evidence.confirmed(1, sig), "two of four shards agreeing may be the shards' answer"
+
+
+def test_before_anything_has_been_served_a_data_verdict_stands() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "c", diag(400, "context length", infra=False))
+    sig = signature(diag(400, "context length", infra=False), "c", "")
+    assert sig is not None
+    assert evidence.confirmed(1, sig), "nothing to compare with: the seed's data budget decides"
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from(SHARDS), st.sampled_from([401, 500, 422])), max_size=300))

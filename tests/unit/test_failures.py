@@ -140,7 +140,6 @@ def test_infra_table(exc: BaseException) -> None:
         RuntimeError("boom"),
         OSError("disk"),
         response_error(400, "maximum context length is 4096 tokens"),
-        response_error(404),
         response_error(422),
         response_error(200),
         RolloutDataFailure("too long"),
@@ -161,6 +160,12 @@ async def test_asyncio_timeouts_are_infra() -> None:
     with pytest.raises(TimeoutError) as info:
         await asyncio.wait_for(asyncio.Event().wait(), timeout=0)
     assert classify_rollout_failure(info.value) is INFRA
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+def test_credential_and_not_found_answers_are_infra_through_any_client(status: int) -> None:
+    """The shard's credentials or the model/path it serves, never the prompt: the same first verdict everywhere."""
+    assert classify_rollout_failure(response_error(status)) is INFRA
 
 
 def test_response_error_is_judged_by_status_not_type() -> None:

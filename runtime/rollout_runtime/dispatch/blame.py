@@ -11,16 +11,20 @@ HTTP status, normalised reason) follows:
   Unauthorized: check the API key"). Transient statuses (502, 503, 504, 408, 425, 429) never qualify: an outage is
   what the infra budget and the healthy wait are for;
 - **poison prompt**: the signature follows one prompt across at least two distinct shards, each of which has
-  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it;
+  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. A transient status
+  never convicts a prompt: two shards answering 503 at once are two bursts, not a poison prompt;
 - **sick shard**: the signature follows one shard across at least two distinct prompts since its last success, and
   another shard has served a prompt this one failed that way: eject it, and a data charge it made to a prompt no
   longer counts (it never data-fails those prompts). Two poison prompts on one healthy shard are served nowhere, so
   they never make it "sick";
-- **unconfirmed data**: a data verdict from an answer (400, 413, 422...) data-fails a prompt only when the same
-  answer came from two distinct shards (:func:`Evidence.confirmed`); different answers from different shards say the
-  shards differ, not that the prompt is bad, and the attempt is charged as infra instead;
-- otherwise the first verdict stands, except that a shard which *answered* (any HTTP status) is not ejected on one
-  failure: that waits for the evidence above. A transport failure (refused, reset, timed out) still ejects at once.
+- **unconfirmed data**: a data verdict from an answer (400, 413, 422...) data-fails a prompt only when the shards
+  that gave it serve other prompts and agree (:meth:`Evidence.confirmed`; the dispatcher checks the agreement);
+  otherwise the answer may be the shards' (two of four answering 413 to everything), and the attempt is charged as
+  infra instead;
+- otherwise the first verdict stands, except that a shard which answered with a status that could be a poison
+  prompt's or a misconfiguration's (:func:`waits_for_evidence`: 401, 404, 500, a 200 that is not a completion...) is
+  not ejected on one failure: that waits for the evidence above. A transient status (502, 503, 504, 408, 425) and a
+  transport failure (refused, reset, timed out) still eject at once.
 
 Only failures that carry an HTTP status are weighed: an explicit :class:`RolloutDataFailure` without one is the
 caller's own verdict and wins. Memory is bounded: a prompt's evidence is forgotten when it ends, per-shard and
@@ -39,7 +43,7 @@ from typing import Final
 
 from rollout_runtime.failures import Diagnosis
 
-__all__ = ["Blame", "Evidence", "Signature", "Verdict", "judge", "signature"]
+__all__ = ["Blame", "Evidence", "Signature", "Verdict", "judge", "signature", "waits_for_evidence"]
 
 Signature = tuple[str, int, str]
 """(failure type, HTTP status, normalised reason): what one failure looks like, minus who answered it."""
@@ -122,8 +126,12 @@ class Evidence:
                     counts[sig] = counts.get(sig, 0) + 1
 
     def confirmed(self, prompt: Hashable, sig: Signature) -> bool:
-        """Whether the same answer came for ``prompt`` from two distinct shards: a data verdict may stand."""
-        return len(self.prompts.get(prompt, {}).get(sig, ())) >= _CONFIRMATIONS
+        """Whether a data verdict on ``prompt`` may stand: every shard that gave this answer has served other prompts
+        (or no shard has served anything yet: there is nothing to compare with). A shard that serves nothing while
+        others serve may be answering everything that way (two of four shards answering 413), so its answer alone
+        does not convict a prompt."""
+        shards = self.prompts.get(prompt, {}).get(sig, set())
+        return self.total_successes == 0 or all(self.successes.get(name, 0) > 0 for name in shards)
 
     def forget(self, prompt: Hashable) -> None:
         """The prompt has its outcome: its evidence is no longer needed."""
@@ -150,6 +158,12 @@ def signature(diagnosis: Diagnosis, shard: str, endpoint: str) -> Signature | No
         reason = re.sub(rf"(?<![\w.-]){re.escape(shard)}(?![\w-])", "<shard>", reason)
     reason = _SPACE.sub(" ", _DIGITS.sub("#", reason)).strip().lower()[:_REASON_CHARS]
     return (diagnosis.failure_type, diagnosis.status, reason)
+
+
+def waits_for_evidence(sig: Signature | None) -> bool:
+    """Whether a failure with this signature ejects its shard only on evidence (not at once): it carries a status that
+    a poison prompt or a misconfigured fleet could explain. Transient statuses cannot, and eject at once as before."""
+    return sig is not None and sig[1] not in _TRANSIENT
 
 
 def _add(members: set[Hashable] | set[str], member: Hashable) -> None:
@@ -211,7 +225,7 @@ def judge(
             f"last: {diagnosis.reason})",
         )
     serving = [name for name in sorted(on_shards) if evidence.successes.get(name, 0) > 0]
-    if len(serving) >= _CONFIRMATIONS:
+    if len(serving) >= _CONFIRMATIONS and status not in _TRANSIENT:  # bursts on two shards at once are no poison
         return Verdict(
             Blame.POISON,
             f"poison prompt: the same failure (HTTP {status}) on {len(serving)} shards ({', '.join(serving)}) that "

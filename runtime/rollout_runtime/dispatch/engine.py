@@ -1070,14 +1070,15 @@ class Dispatcher:
             slot.weight = slot.shard.weight * self._shares.busy(slot.name)
             run.requeue(state, self._backpressure_delay(slot, diagnosis))
             return
-        answered = sig is not None
-        if slot is not None and diagnosis.blames_shard and (not answered or kind is blame.Blame.SICK_SHARD):
-            self._eject(run, slot.name)  # a shard that answered is ejected on evidence, not on one answer
+        answered = blame.waits_for_evidence(sig)
+        if slot is not None and ((diagnosis.blames_shard and not answered) or kind is blame.Blame.SICK_SHARD):
+            self._eject(run, slot.name)  # an answer a poison prompt could explain ejects on evidence, not at once
         draw = self._rng.random()
         if failure_class is FailureClass.DATA and state.data_charges:
             self._refund(state)
         decision = decide(self.policy, state.budget, failure_class, terminal=diagnosis.terminal, draw=draw)
-        unconfirmed = sig is not None and not self._evidence.confirmed(state.prompt_id, sig)
+        disagree = len({charge for _, charge in state.data_charges}) > 1
+        unconfirmed = sig is not None and (disagree or not self._evidence.confirmed(state.prompt_id, sig))
         if isinstance(decision, DataFailedDecision) and not decision.terminal and unconfirmed:
             # Shards answered this prompt differently: that says the shards differ, not that the prompt is bad.
             state.budget.data_failures -= 1

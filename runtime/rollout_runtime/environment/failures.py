@@ -53,8 +53,13 @@ def is_retryable_dependency_error(error: BaseException) -> bool:
 
     An HTTP error is classified by its status (see :func:`is_retryable_dependency_status`). A refused or dropped
     connection and a timeout are transient. Any other error, such as a reply that fails validation, would fail the
-    same way again. This is the runtime's INFRA/DATA classification, so both sides agree on every error too.
+    same way again. This is the runtime's INFRA/DATA classification, so both sides agree on every error too, except
+    that a dependency's HTTP status is read by :func:`is_retryable_dependency_status` alone: a tool server's 401 or
+    404 is about this episode's call, not a generation shard's credentials or model.
     """
+    status = getattr(error, "status", None)
+    if isinstance(error, aiohttp.ClientResponseError) and isinstance(status, int) and 100 <= status <= 599:
+        return is_retryable_dependency_status(status)
     return classify_rollout_failure(error) is FailureClass.INFRA
 
 
