@@ -121,7 +121,12 @@ def operator_denials(i: Installed) -> dict[str, Call | tuple[str, str, object, d
         "list Secrets cluster-wide": ("GET", "/api/v1/secrets", None),
         "read a ConfigMap": ("GET", f"/api/v1/namespaces/{o}/configmaps/settings", None),
         "change a ConfigMap": ("PATCH", f"/api/v1/namespaces/{o}/configmaps/settings", {"data": {"k": "x"}}),
-        "list Pods": ("GET", f"/api/v1/namespaces/{f}/pods", None),
+        # list/watch of pods and endpointslices are granted (pod members); nothing else on them is
+        "get one Pod by name": ("GET", f"/api/v1/namespaces/{f}/pods/nope", None),
+        "delete a Pod": ("DELETE", f"/api/v1/namespaces/{f}/pods/nope", None),
+        "create an EndpointSlice": ("POST", f"/apis/discovery.k8s.io/v1/namespaces/{f}/endpointslices", {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "evil"},
+            "addressType": "IPv4", "endpoints": []}),
         "create a Pod": ("POST", f"/api/v1/namespaces/{f}/pods", {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "evil"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
         "patch a Pod's status": ("PATCH", f"/api/v1/namespaces/{f}/pods/nope/status", STATUS),
