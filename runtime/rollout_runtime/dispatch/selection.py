@@ -133,6 +133,10 @@ def _mix(value: int) -> int:
 def _two_choices(candidates: Sequence[L], start: int, last_failed: str | None, tried: Collection[str]) -> L:
     count = len(candidates)
     weights = _WEIGHTS.of(candidates)
+    if weights.equal and last_failed is None and not tried:  # a first attempt on a uniform fleet: two draws
+        bits = _mix(start)
+        first, second = candidates[bits % count], candidates[(bits >> 32) % count]
+        return first if first.outstanding <= second.outstanding else second
     best: L | None = None
     best_penalty = 3
     best_load = 0.0
