@@ -526,7 +526,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "Episodes by outcome",
             "Episodes finished per second: success, failed (the environment reported a failure), timeout (the "
             "episode deadline passed) and rejected (the admission queue was full or timed out).",
-            [(f"sum by (outcome) (rate(environment_episodes_total{{{_ROLL}}}[{_RATE}]))", "{{outcome}}")],
+            [(f"sum by (outcome) (rate(environment_episodes_total{{{_RUN}}}[{_RATE}]))", "{{outcome}}")],
             units.OpsPerSecond,
             stacked=True,
         )
@@ -539,7 +539,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             [
                 (
                     f"histogram_quantile({q}, sum by (le, outcome) "
-                    f"(rate(environment_episode_duration_seconds_bucket{{{_ROLL}}}[{_RATE}])))",
+                    f"(rate(environment_episode_duration_seconds_bucket{{{_RUN}}}[{_RATE}])))",
                     f"{{{{outcome}}}} p{round(q * 100)}",
                 )
                 for q in (0.5, 0.95)
@@ -554,8 +554,8 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "Episodes admitted and running (parked ones included) and episodes waiting for a concurrency slot. "
             "A queue that stays above zero means the server is saturated: add replicas or raise its concurrency.",
             [
-                (f"sum by (job, instance) (environment_episodes_in_flight{{{_ROLL}}})", "{{instance}} in flight"),
-                (f"sum by (job, instance) (environment_admission_queue_depth{{{_ROLL}}})", "{{instance}} queued"),
+                (f"sum by (job, instance) (environment_episodes_in_flight{{{_RUN}}})", "{{instance}} in flight"),
+                (f"sum by (job, instance) (environment_admission_queue_depth{{{_RUN}}})", "{{instance}} queued"),
             ],
             units.Short,
             width=8,
@@ -568,7 +568,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "(retryable: 5xx/408/425/429 and transport errors; the rest are terminal and reported as DATA).",
             [
                 (
-                    f"sum by (retryable) (rate(environment_dependency_failures_total{{{_ROLL}}}[{_RATE}]))",
+                    f"sum by (retryable) (rate(environment_dependency_failures_total{{{_RUN}}}[{_RATE}]))",
                     "retryable={{retryable}}",
                 )
             ],
@@ -583,7 +583,7 @@ def environment_servers_dashboard() -> dash.Dashboard:
             "(a sandbox, a container): look at the server's log for the callback.",
             [
                 (
-                    f"sum by (job, instance) (increase(environment_cleanup_failures_total{{{_ROLL}}}[{_RATE}]))",
+                    f"sum by (job, instance) (increase(environment_cleanup_failures_total{{{_RUN}}}[{_RATE}]))",
                     "{{instance}}",
                 )
             ],

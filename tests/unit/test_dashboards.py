@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,13 @@ def test_every_dashboard_links_to_the_others_by_their_common_tag() -> None:
         [link] = dashboard["links"]
         assert (link["type"], link["tags"]) == ("dashboards", ["rollout-fleet"]), name
         assert (link["keepTime"], link["includeVars"]) == (True, True), f"{name}: keep the time range and filters"
+
+
+@pytest.mark.parametrize("name", sorted(committed_dashboards()))
+def test_every_query_uses_only_variables_its_own_dashboard_defines(name: str) -> None:
+    """A query naming a variable its dashboard lacks is sent to Prometheus with the literal ``$name`` in it."""
+    dashboard = committed_dashboards()[name]
+    defined = {variable["name"] for variable in dashboard["templating"]["list"]}
+    for title, expr in _queries(dashboard):
+        used = set(re.findall(r"\$(\w+)", expr)) - {"__rate_interval", "__interval", "__range"}
+        assert used <= defined, f"{title!r} uses undefined {sorted(used - defined)}"
