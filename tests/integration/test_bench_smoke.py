@@ -28,3 +28,14 @@ def test_benchmark_smoke_run(script: str, expected: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
+
+
+def test_weights_benchmark_smoke_run_commits_no_stale_result_when_weights_aware() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "failover.py"), "--weights", "--smoke"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.startswith("weights-")}
+    assert set(rows) == {"weights-aware", "weights-unaware"}, done.stdout
+    assert rows["weights-aware"][2] == "0", done.stdout  # the stale-committed column
