@@ -71,7 +71,10 @@ async def test_demo_metrics_match_the_run(tmp_path: Path, chaos: bool) -> None:
     assert sum(report.ejections_by_shard.values()) == stats["ejections"]
     if not chaos:
         assert stats["infra_failures"] == 0
-        assert stats["attempts"] == 197 + 3 * 2  # each over-long prompt uses its data budget of 2
+        # Each over-long prompt uses its data budget of 2, plus one attempt (charged as infra) for each refusal from a
+        # shard that had served nothing yet while others had: blame does not let such a refusal alone convict it.
+        assert 197 + 3 * 2 <= stats["attempts"] <= 197 + 3 * 5
+        assert stats["attempts"] == 197 + stats["data_failures"]
 
 
 def test_demo_prompts_are_deterministic_and_include_over_long_ones() -> None:

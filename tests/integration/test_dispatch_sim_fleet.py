@@ -267,12 +267,15 @@ async def test_over_long_prompts_are_data_failed_with_vllms_reason_and_ledgered(
         assert isinstance(failed, DataFailed)
         assert failed.failure_type == "RolloutDataFailure"
         assert "This model's maximum context length is 64 tokens" in failed.reason
-        assert failed.attempts == POLICY.max_data_attempts
-        assert len(set(failed.shards)) == 2, "the data retry must go to another shard"
+        # The data budget of 2, plus an attempt for each refusal from a shard that had served nothing yet while others
+        # had (blame does not let such a refusal alone convict a prompt).
+        assert POLICY.max_data_attempts <= failed.attempts <= len(failed.shards) + 1
+        assert len(set(failed.shards)) >= 2, "the data retry must go to another shard"
     assert len(kinds["completed"]) == 10
     assert_correct(outcomes)
     entries = FailureLedger.read(ledger)
     assert sorted(e["prompt_id"] for e in entries) == [3, 7]  # type: ignore[type-var]
     assert all("maximum context length is 64 tokens" in str(e["reason"]) for e in entries)
-    assert h.dispatcher.metrics.value("rollout_attempts_total", {"outcome": "data_failure"}) == 4
+    data_attempts = sum(failed.attempts for failed in kinds["data_failed"])
+    assert h.dispatcher.metrics.value("rollout_attempts_total", {"outcome": "data_failure"}) == data_attempts
     assert_metrics_match(h.dispatcher, run)

@@ -188,3 +188,17 @@ def test_a_busy_shard_share_halves_to_a_floor_and_grows_back_with_successes() ->
         shares.served("a")
     assert shares.of("a") == 1.0
     assert shares.of("b") == 1.0, "other shards keep their full share"
+
+
+def test_one_non_transient_answer_from_two_shards_is_the_prompts_by_elimination() -> None:
+    evidence = Evidence()
+    fail(evidence, 1, "a", diag(500, "1 validation error: max_tokens"))
+    fail(evidence, 1, "b", diag(500, "1 validation error: max_tokens"))
+    sig = signature(diag(500, "1 validation error: max_tokens"), "a", "")
+    assert evidence.followed(1, sig)
+    fail(evidence, 2, "a", diag(503, "busy"))
+    fail(evidence, 2, "b", diag(503, "busy"))
+    assert not evidence.followed(2, signature(diag(503, "busy"), "a", "")), "transient answers never convict"
+    fail(evidence, 3, "a", diag(500, "x"))
+    fail(evidence, 3, "b", diag(502, "y"))
+    assert not evidence.followed(3, signature(diag(500, "x"), "a", "")), "different answers: not the prompt"

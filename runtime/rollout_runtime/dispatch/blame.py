@@ -11,7 +11,9 @@ HTTP status, normalised reason) follows:
   Unauthorized: check the API key"). Transient statuses (502, 503, 504, 408, 425, 429) never qualify: an outage is
   what the infra budget and the healthy wait are for;
 - **poison prompt**: the signature follows one prompt across at least two distinct shards, each of which has
-  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. A transient status
+  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. A prompt whose infra
+  budget runs out on one non-transient answer from two or more shards is one too, by elimination
+  (:meth:`Evidence.followed`): it failed before those shards had served anything. A transient status
   never convicts a prompt: two shards answering 503 at once are two bursts, not a poison prompt;
 - **sick shard**: the signature follows one shard across at least two distinct prompts since its last success, and
   another shard has served a prompt this one failed that way: eject it, and a data charge it made to a prompt no
@@ -124,6 +126,14 @@ class Evidence:
                 if other != shard:
                     counts = self.exonerated.setdefault(other, {})
                     counts[sig] = counts.get(sig, 0) + 1
+
+    def followed(self, prompt: Hashable, sig: Signature | None) -> bool:
+        """Whether this non-transient answer is the only one ``prompt`` got, from at least two distinct shards: when
+        its infra budget runs out that way, the prompt is the common factor (a poison prompt by elimination)."""
+        if sig is None or sig[1] in _TRANSIENT:
+            return False
+        failures = self.prompts.get(prompt, {})
+        return set(failures) == {sig} and len(failures[sig]) >= _CONFIRMATIONS
 
     def confirmed(self, prompt: Hashable, sig: Signature) -> bool:
         """Whether a data verdict on ``prompt`` may stand: every shard that gave this answer has served other prompts

@@ -490,6 +490,10 @@ class DispatchRun(Generic[P, R]):
             self.outcomes.put_nowait(_RunFailed(RuntimeError(f"run closed with {unfinished} unfinished prompt(s)")))
         stopped = self._stop_tasks()
         await asyncio.gather(*stopped, return_exceptions=True)
+        evidence = self._dispatcher._evidence
+        for state in self.states:
+            if not state.done:  # a later run may reuse the ids: its prompts start with no evidence
+                evidence.forget(state.prompt_id)
         self._dispatcher._runs.discard(self)
         self._stopped.set()
 
@@ -1088,6 +1092,13 @@ class Dispatcher:
             decision = decide(self.policy, state.budget, failure_class, draw=draw)
         if isinstance(decision, DataFailedDecision):
             self._data_failed(run, state, diagnosis)
+        elif isinstance(decision, ExhaustedDecision) and self._evidence.followed(state.prompt_id, sig):
+            # Every shard it went to gave the same non-transient answer and the fleet is not misconfigured: the prompt
+            # is the common factor, even before those shards had served others.
+            shards = ", ".join(sorted(set(state.tried)))
+            self._data_failed(
+                run, state, diagnosis, f"poison prompt: the same answer on shards {shards}; {diagnosis.reason}"
+            )
         elif isinstance(decision, ExhaustedDecision):
             self._exhausted(run, state, exc, diagnosis)
         elif answered and isinstance(decision, RetryDecision):
