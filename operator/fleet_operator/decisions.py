@@ -27,6 +27,7 @@ from fleet_operator.models import (
     RolloutFleetSpec,
     RolloutFleetStatus,
     ShardStatus,
+    ShardWeights,
 )
 from rollout_runtime.health import HealthPhase, HealthState, Transition
 from rollout_runtime.kube import kinds
@@ -207,8 +208,10 @@ def fleet_status(
     generation: int | None,
     previous: RolloutFleetStatus | None,
     now: float,
+    policy_version: int | None = None,
 ) -> RolloutFleetStatus:
-    """The fleet's status from its selected members (callers pass only members in the fleet's namespace)."""
+    """The fleet's status from its selected members (callers pass only members in the fleet's namespace) and the
+    trainer's ``policy_version`` (from the fleet's PolicyVersion)."""
     shards = [m for m in members if m.kind == GENERATION_SHARD and selector_matches(spec.shard_selector, m.labels)]
     environments = (
         [
@@ -274,6 +277,11 @@ def fleet_status(
         ready_shards=len(healthy_shards),
         total_shards=len(shards),
         stale_shards=sum(1 for m in shards if m.stale),
+        policy_version=policy_version,
+        shard_weights=[
+            ShardWeights(name=m.name, weights_version=m.weights_version, stale=m.stale)
+            for m in sorted(shards, key=lambda m: m.name)
+        ],
         ready_environment_servers=len(healthy_envs),
         total_environment_servers=len(environments),
         shards=shard_entries,

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import kopf
 
-from fleet_operator.handlers import environment_servers, generation_shards, lifecycle, rollout_fleets
+from fleet_operator.handlers import (
+    environment_servers,
+    generation_shards,
+    lifecycle,
+    policy_versions,
+    rollout_fleets,
+)
 
 __all__ = ["build_registry"]
 
@@ -21,4 +27,5 @@ def build_registry() -> kopf.OperatorRegistry:
     generation_shards.register(registry)
     environment_servers.register(registry)
     rollout_fleets.register(registry)
+    policy_versions.register(registry)
     return registry

@@ -16,12 +16,15 @@ from rollout_runtime.shards.model import (
 
 if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
+    from rollout_runtime.shards.kubernetes_weights import FleetWeights, PolicyVersionWriter
 
 __all__ = [
     "DEFAULT_FLEET",
+    "FleetWeights",
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
+    "PolicyVersionWriter",
     "ReportsCompletions",
     "Shard",
     "ShardSource",
@@ -32,9 +35,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """KubernetesShardSource is imported on first use: importing the runtime never imports kubernetes_asyncio."""
+    """Kubernetes parts are imported on first use: importing the runtime never imports kubernetes_asyncio."""
     if name == "KubernetesShardSource":
         from rollout_runtime.shards.kubernetes import KubernetesShardSource
 
         return KubernetesShardSource
+    if name in ("FleetWeights", "PolicyVersionWriter"):
+        from rollout_runtime.shards import kubernetes_weights
+
+        return getattr(kubernetes_weights, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
