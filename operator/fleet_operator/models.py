@@ -451,6 +451,8 @@ class RefitRecord(_KubeModel):
     instance: Annotated[str, Field(max_length=256)] | None = None
     """The instance identity the refit landed on, in the form the operator observes for that shard (a pod's
     ``<uid>:<restarts>``, SGLang's weight version...); unset when the trainer reads none."""
+    time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+    """When the trainer recorded it: tells a new refit to the same version and instance from a replay."""
     phase: Literal["Refitting", "Succeeded", "Failed"] = "Succeeded"
     """Refitting: the update is under way (no traffic); Succeeded: the shard holds ``version``; Failed: it may hold
     half-updated weights (Stale until a refit succeeds)."""
