@@ -42,3 +42,15 @@ def test_without_a_published_policy_every_answer_commits_and_a_deleted_fleet_kno
     weights.update({"policyVersion": 1, "shardWeights": [{"name": "s0", "weightsVersion": 1}]})
     weights.update(None)
     assert (weights.policy_version, weights.version_of("s0"), dict(weights.stale_shards())) == (None, None, {})
+
+
+def test_a_version_published_in_this_process_gates_at_once_and_the_status_only_catches_up() -> None:
+    weights = FleetWeights()
+    weights.update({"policyVersion": 1, "shardWeights": [{"name": "s0", "weightsVersion": 1}]})
+    weights.published(2)  # the operator has not written the fleet status yet
+    assert weights.policy_version == 2
+    assert not weights_verdict(weights.policy_version, 1, weights.version_of("s0"), 0).committable
+    weights.update({"policyVersion": 1, "shardWeights": [{"name": "s0", "weightsVersion": 1}]})
+    assert weights.policy_version == 2, "an older status must not loosen the gate"
+    weights.update({"policyVersion": 3, "shardWeights": [{"name": "s0", "weightsVersion": 3}]})
+    assert weights.policy_version == 3

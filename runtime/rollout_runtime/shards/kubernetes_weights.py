@@ -15,7 +15,7 @@ Two halves, one per direction:
 ::
 
     source = KubernetesShardSource("fleet-a", namespace="team-a")
-    writer = PolicyVersionWriter("fleet-a", namespace="team-a")
+    writer = PolicyVersionWriter("fleet-a", namespace="team-a", weights=source.weights)
     await writer.publish(step)
     failed = await writer.refit_all(step, push_weights_to, shards=names)
     async with Dispatcher(source, await source.dispatch_policy()) as dispatcher: ...   # gated by source.weights
@@ -62,6 +62,7 @@ class FleetWeights:
 
     def __init__(self) -> None:
         self._policy_version: int | None = None
+        self._published: int | None = None
         self._versions: dict[str, int | None] = {}
         self._stale: dict[str, bool] = {}
 
@@ -81,9 +82,15 @@ class FleetWeights:
             stale[entry["name"]] = bool(entry.get("stale", False))
         self._versions, self._stale = versions, stale
 
+    def published(self, version: int) -> None:
+        """The trainer in this process published ``version``: gate by it at once, not only once the operator's next
+        fleet status says so (the status can only catch up; the higher of the two wins)."""
+        self._published = version if self._published is None else max(self._published, version)
+
     @property
     def policy_version(self) -> int | None:
-        return self._policy_version
+        known = [v for v in (self._policy_version, self._published) if v is not None]
+        return max(known) if known else None
 
     def version_of(self, shard: str) -> int | None:
         return self._versions.get(shard)
@@ -97,6 +104,8 @@ class PolicyVersionWriter:
 
     ``instance``, when given, reads a shard's instance identity by name right after its update, in the form the
     operator observes it (with pod discovery: the pod's ``<uid>:<restarts>``); it is recorded with the refit.
+    ``weights``, the dispatcher's view in the same process (``KubernetesShardSource.weights``), learns each
+    published version at once (see :meth:`FleetWeights.published`).
     """
 
     def __init__(
@@ -107,6 +116,7 @@ class PolicyVersionWriter:
         kubeconfig: str | Path | None = None,
         api_client: client.ApiClient | None = None,
         instance: Callable[[str], Awaitable[str | None]] | None = None,
+        weights: FleetWeights | None = None,
     ) -> None:
         self.fleet = fleet
         self.namespace = namespace
@@ -114,6 +124,7 @@ class PolicyVersionWriter:
         self._api_client = api_client
         self._owned_client: client.ApiClient | None = None
         self._instance = instance
+        self._weights = weights
         self._policy_version: int | None = None
         self._refits: dict[str, dict[str, Any]] = {}
         self._written: dict[str, Any] | None = None
@@ -134,6 +145,8 @@ class PolicyVersionWriter:
         if self._policy_version is not None and version < self._policy_version:
             raise ValueError(f"policy version went backwards: {self._policy_version} -> {version}")
         self._policy_version = version
+        if self._weights is not None:
+            self._weights.published(version)  # before the write: a failed write leaves the gate stricter, not looser
         await self._flush()
 
     async def record(self, shard: str, version: int, phase: RefitPhase, instance: str | None = None) -> None:
