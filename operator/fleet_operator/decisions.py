@@ -27,6 +27,7 @@ from fleet_operator.models import (
     RolloutFleetSpec,
     RolloutFleetStatus,
     ShardStatus,
+    ShardWeights,
 )
 from rollout_runtime.health import HealthPhase, HealthState, Transition
 from rollout_runtime.kube import kinds
@@ -204,7 +205,9 @@ def _names(members: Iterable[Member]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def _selected(members: list[Member], kind: str, selector: LabelSelector | None, fleet: str | None) -> list[Member]:
+def selected_members(
+    members: list[Member], kind: str, selector: LabelSelector | None, fleet: str | None
+) -> list[Member]:
     """A fleet's members of ``kind``: objects its selector matches, then its own pod members with a name not taken."""
     objects = [
         m
@@ -224,15 +227,17 @@ def fleet_status(
     previous: RolloutFleetStatus | None,
     now: float,
     fleet: str | None = None,
+    policy_version: int | None = None,
 ) -> RolloutFleetStatus:
-    """The fleet's status from its selected members (callers pass only members in the fleet's namespace).
+    """The fleet's status from its selected members (callers pass only members in the fleet's namespace) and the
+    trainer's ``policy_version`` (from the fleet's PolicyVersion).
 
     ``fleet``: the fleet's name, which selects its pod members (:attr:`Member.fleet`). A pod member named like a
     GenerationShard or EnvironmentServer the fleet also selects is left out: names in the healthy set are unique.
     """
     members = list(members)
-    shards = _selected(members, GENERATION_SHARD, spec.shard_selector, fleet)
-    environments = _selected(members, ENVIRONMENT_SERVER, spec.environment_server_selector, fleet)
+    shards = selected_members(members, GENERATION_SHARD, spec.shard_selector, fleet)
+    environments = selected_members(members, ENVIRONMENT_SERVER, spec.environment_server_selector, fleet)
     healthy_shards = sorted((m for m in shards if m.phase.serving), key=lambda m: m.name)
     healthy_envs = sorted((m for m in environments if m.phase.serving), key=lambda m: m.name)
     shard_entries = [
@@ -290,6 +295,11 @@ def fleet_status(
         ready_shards=len(healthy_shards),
         total_shards=len(shards),
         stale_shards=sum(1 for m in shards if m.stale),
+        policy_version=policy_version,
+        shard_weights=[
+            ShardWeights(name=m.name, weights_version=m.weights_version, stale=m.stale)
+            for m in sorted(shards, key=lambda m: m.name)
+        ],
         ready_environment_servers=len(healthy_envs),
         total_environment_servers=len(environments),
         shards=shard_entries,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -61,7 +62,7 @@ from fleet_operator.discovery import (
 )
 from fleet_operator.kube import KubeApi, StatusWriteError, WriteOutcome
 from fleet_operator.metrics import FleetMetrics
-from fleet_operator.models import RolloutFleetStatus, ShardStatus
+from fleet_operator.models import RefitRecord, RolloutFleetStatus, ShardStatus
 from fleet_operator.records import (
     FleetKey,
     FleetRecord,
@@ -78,10 +79,12 @@ from fleet_operator.records import (
 )
 from fleet_operator.schedule import MAX_IN_FLIGHT_WRITES, PASS_ORDER, Sweep, TargetWrite, WriteSchedule, retry_delay
 from fleet_operator.settings import OperatorSettings
+from fleet_operator.weights import PolicyObservation, lagging, observe_policy, refits_to_apply
 from rollout_runtime.health import (
     CLOCK_SLACK_SECONDS,
     HealthMonitor,
     HealthPhase,
+    HealthState,
     Prober,
     ProbeRound,
     ProbeTarget,
@@ -153,6 +156,9 @@ class FleetEngine:
         """namespace -> EndpointSlice name -> what its latest watch event said."""
         self.instance_changes = 0
         """Instance identity changes seen on known pod members (restarts, replaced pods)."""
+        self._policies: dict[FleetKey, PolicyObservation] = {}
+        """The trainers' PolicyVersions, by fleet (see :mod:`fleet_operator.weights`)."""
+        self._refits_applied: dict[TargetKey, RefitRecord] = {}
         self.writes: dict[str, int] = {GENERATION_SHARD: 0, ENVIRONMENT_SERVER: 0, ROLLOUT_FLEET: 0}
         """Status writes made, by kind (also exported as fleet_status_writes_total)."""
 
@@ -193,6 +199,8 @@ class FleetEngine:
             if target is not None and target.spec is not None and target.spec.drain:
                 await self._monitor.set_draining(key, True)
         self._synced.set()
+        for fleet_key in list(self._policies):  # PolicyVersions seen while priming: their shards are known now
+            await self._apply_policy(fleet_key, first_sighting=True)
         self._wake.set()
 
     async def _list_with_retry(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
@@ -447,6 +455,78 @@ class FleetEngine:
         self._weights_changed(key)
         return transition
 
+    async def upsert_policy_version(self, body: Mapping[str, Any]) -> None:
+        """A fleet's PolicyVersion was listed, added or modified: apply its new refits, then mark shards that lag
+        the policy version by more than the fleet's ``maxWeightsLag`` Stale (:mod:`fleet_operator.weights`)."""
+        seen = observe_policy(body)
+        known = self._policies.get(seen.key)
+        if seen.invalid is not None:
+            log.error("PolicyVersion %s/%s ignored: %s", *seen.key, seen.invalid)
+        first = known is None or known.uid != seen.uid
+        self._policies[seen.key] = seen
+        if self._synced.is_set():
+            await self._apply_policy(seen.key, first_sighting=first)
+        fleet = self._records.fleets.get(seen.key)
+        if fleet is not None:
+            fleet.dirty_since = fleet.dirty_since or asyncio.get_running_loop().time()
+        self._wake.set()
+
+    def forget_policy_version(self, namespace: str, name: str) -> None:
+        """A fleet's PolicyVersion was deleted: the fleet publishes no policy version (every answer commits)."""
+        if self._policies.pop(FleetKey(namespace, name), None) is None:
+            return
+        fleet = self._records.fleets.get(FleetKey(namespace, name))
+        if fleet is not None:
+            fleet.dirty_since = fleet.dirty_since or asyncio.get_running_loop().time()
+        self._wake.set()
+
+    def policy_version(self, namespace: str, fleet: str) -> int | None:
+        """The trainer's policy version for a fleet (None: no valid PolicyVersion)."""
+        seen = self._policies.get(FleetKey(namespace, fleet))
+        return seen.spec.policy_version if seen is not None and seen.spec is not None else None
+
+    async def _apply_policy(self, key: FleetKey, *, first_sighting: bool) -> None:
+        seen = self._policies.get(key)
+        if seen is None or seen.spec is None:
+            return
+        namespace = key.namespace
+        states = {
+            k.name: state
+            for k, state in self._monitor.states.items()
+            if k.kind == GENERATION_SHARD and k.namespace == namespace
+        }
+        applied = {k.name: r for k, r in self._refits_applied.items() if k.namespace == namespace}
+        apply, baseline = refits_to_apply(seen.spec.refits, applied, states, first_sighting=first_sighting)
+        for refit in baseline:
+            self._refits_applied[TargetKey(GENERATION_SHARD, namespace, refit.shard)] = refit
+            log.info("PolicyVersion %s/%s: refit of Stale shard %s taken as already applied", *key, refit.shard)
+        for refit in apply:
+            shard = TargetKey(GENERATION_SHARD, namespace, refit.shard)
+            self._refits_applied[shard] = refit
+            if refit.phase == "Succeeded":
+                await self.record_refit(*shard, refit.version, refit.instance)
+                continue
+            if refit.phase == "Refitting":
+                await self._monitor.change_state(shard, HealthState.begin_refit)
+            else:
+                await self._monitor.change_state(
+                    shard,
+                    functools.partial(
+                        HealthState.refit_failed, message=f"reported by the trainer (version {refit.version})"
+                    ),
+                )
+            self._weights_changed(shard)
+        fleet = self._records.fleets.get(key)
+        if fleet is None or fleet.spec is None:
+            return
+        members = self._records.members(namespace, self._monitor.states, self._monitor.last_ok_at)
+        policy = seen.spec.policy_version
+        message = f"weights lag policy version {policy} by more than maxWeightsLag {fleet.spec.policy.max_weights_lag}"
+        for name in lagging(fleet.spec, members, policy, fleet.name):
+            target = TargetKey(GENERATION_SHARD, namespace, name)
+            await self._monitor.change_state(target, lambda state: state.mark_stale(message))
+            self._weights_changed(target)
+
     def _weights_changed(self, key: TargetKey) -> None:
         """The transition itself is reported in the monitor's next round, like a drain; the fleets (weights
         versions, staleShards) and the writer learn of the change now."""
@@ -585,6 +665,7 @@ class FleetEngine:
             previous=before,
             now=self._wall(),
             fleet=fleet.name,
+            policy_version=self.policy_version(fleet.namespace, fleet.name),
         )
         desired = status.model_dump(mode="json", by_alias=True)
         self._metrics.healthy_shards.labels(fleet.namespace, fleet.name).set(status.ready_shards)

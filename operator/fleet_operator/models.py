@@ -1,4 +1,4 @@
-"""The three custom resources as pydantic models: the one source of their schema, defaults and field names.
+"""The four custom resources as pydantic models: the one source of their schema, defaults and field names.
 
 Group ``rolloutfleet.dev``, version ``v1alpha1``. Python names are snake_case, Kubernetes names camelCase (aliases);
 both validate. The CRDs in ``crds/`` are generated from these classes by :mod:`fleet_operator.crds`, so a field's
@@ -45,13 +45,16 @@ __all__ = [
     "LabelSelector",
     "LabelSelectorRequirement",
     "PodSelection",
+    "PolicyVersionSpec",
     "PortRef",
     "ProbeSpec",
+    "RefitRecord",
     "RolloutFleetSpec",
     "RolloutFleetStatus",
     "ServiceRef",
     "ShardPods",
     "ShardStatus",
+    "ShardWeights",
 ]
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -495,6 +498,17 @@ class EnvironmentServerEntry(_KubeModel):
     """For a pod member: ``<pod uid>:<total container restarts>``. Absent for EnvironmentServer objects."""
 
 
+class ShardWeights(_KubeModel):
+    """The weights one selected shard holds, as the operator knows them."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    weights_version: Annotated[int, Field(ge=0)] | None = None
+    """The policy version of the shard's last successful refit; unset when unknown (never refit, restarted since,
+    or being refit)."""
+    stale: bool = False
+    """Stale or Refitting: no traffic until refit."""
+
+
 class RolloutFleetStatus(_KubeModel):
     """The healthy set the runtime follows, with counts and conditions. Written coalesced, only when it changes."""
 
@@ -506,6 +520,12 @@ class RolloutFleetStatus(_KubeModel):
     total_shards: Annotated[int, Field(ge=0)] = 0
     stale_shards: Annotated[int, Field(ge=0)] = 0
     """Selected shards that are Stale or Refitting (restarted since their last refit): no traffic until refit."""
+    policy_version: Annotated[int, Field(ge=0)] | None = None
+    """The trainer's policy version (from the fleet's PolicyVersion); unset while the trainer publishes none."""
+    shard_weights: Annotated[list[ShardWeights], Field(max_length=10_000)] = Field(
+        default_factory=list, json_schema_extra=_MAP_LIST_BY_NAME
+    )
+    """Every selected shard's weights, sorted by name: what the runtime gates answers by (max_weights_lag)."""
     ready_environment_servers: Annotated[int, Field(ge=0)] = 0
     total_environment_servers: Annotated[int, Field(ge=0)] = 0
     shards: Annotated[list[HealthySetEntry], Field(max_length=10_000)] = Field(
@@ -523,3 +543,60 @@ class RolloutFleetStatus(_KubeModel):
         default_factory=list, json_schema_extra=_MAP_LIST_BY_TYPE
     )
     """Ready (at least minReadyShards healthy) and Degraded (some selected member is not healthy)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PolicyVersion
+
+
+_MAX_POLICY_VERSION: Final[int] = 1_000_000_000
+
+
+class RefitRecord(_KubeModel):
+    """The trainer's latest refit of one shard."""
+
+    shard: Annotated[str, Field(min_length=1, max_length=253)]
+    """The GenerationShard's name (in the PolicyVersion's namespace)."""
+    version: Annotated[int, Field(ge=0, le=_MAX_POLICY_VERSION)]
+    """The policy version the shard now holds."""
+    instance: Annotated[str, Field(max_length=256)] | None = None
+    """The instance identity the refit landed on, in the form the operator observes for that shard (a pod's
+    ``<uid>:<restarts>``, SGLang's weight version...); unset when the trainer reads none."""
+    time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
+    """When the trainer recorded it: tells a new refit to the same version and instance from a replay."""
+    phase: Literal["Refitting", "Succeeded", "Failed"] = "Succeeded"
+    """Refitting: the update is under way (no traffic); Succeeded: the shard holds ``version``; Failed: it may hold
+    half-updated weights (Stale until a refit succeeds)."""
+
+
+_POLICY_RULES: Final[list[Any]] = [
+    _cel(
+        "self.refits.all(r, r.version <= self.policyVersion)",
+        "a refit's version must not be ahead of policyVersion: publish the policy version first",
+    ),
+    _cel(
+        "self.policyVersion >= oldSelf.policyVersion",
+        "policyVersion must not go backwards: a new training run starts with a new PolicyVersion object",
+    ),
+]
+
+
+class PolicyVersionSpec(_KubeModel):
+    """The trainer's current policy version for the RolloutFleet of the same name, and the refits it made."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _POLICY_RULES})
+
+    policy_version: Annotated[int, Field(ge=0, le=_MAX_POLICY_VERSION)]
+    """The trainer's policy version (a step): shards lagging it by more than the fleet's maxWeightsLag are Stale."""
+    refits: Annotated[list[RefitRecord], Field(max_length=10_000)] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["shard"]},
+    )
+    """The latest refit of each shard (one entry per shard)."""
+
+    @model_validator(mode="after")
+    def _refits_not_ahead(self) -> PolicyVersionSpec:
+        for refit in self.refits:
+            if refit.version > self.policy_version:
+                raise ValueError(_POLICY_RULES[0]["message"])
+        return self

@@ -30,11 +30,11 @@ def test_chart_crds_are_identical_to_the_generated_top_level_crds() -> None:
         assert shipped[name] == content, f"charts/rollout-fleet/crds/{name} differs from crds/{name}"
 
 
-def test_chart_ships_the_three_kinds_as_valid_crds() -> None:
+def test_chart_ships_the_four_kinds_as_valid_crds() -> None:
     kinds = set()
     for path in CHART_COPY.glob("*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
             kubernetes_validate.validate(doc, "1.35.0", strict=True)
             assert doc["spec"]["group"] == "rolloutfleet.dev"
             kinds.add(doc["spec"]["names"]["kind"])
-    assert kinds == {"GenerationShard", "EnvironmentServer", "RolloutFleet"}
+    assert kinds == {"GenerationShard", "EnvironmentServer", "RolloutFleet", "PolicyVersion"}

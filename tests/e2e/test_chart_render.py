@@ -573,6 +573,32 @@ def test_reader_cluster_role_only_reads_the_three_kinds(chart_docs_full: list[di
     assert reader["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
 
 
+def test_trainer_role_may_only_write_policy_versions_and_read_fleets(helm: Helm) -> None:
+    """The trainer's least privilege (docs/operations.md): one Role and RoleBinding per listed namespace."""
+    assert not [r for r in by_kind(render(helm), "Role") if r["metadata"]["name"].endswith("-trainer")]
+    docs = render(
+        helm,
+        "--set", "rbac.trainer.bindings[0].namespace=rl-a", "--set", "rbac.trainer.bindings[0].serviceAccount=trainer",
+        "--set", "rbac.trainer.bindings[1].namespace=rl-b", "--set", "rbac.trainer.bindings[1].serviceAccount=learner",
+    )  # fmt: skip
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(docs, "Role")}
+    for namespace in ("rl-a", "rl-b"):
+        assert rules_as_table(roles[(namespace, "rf-rollout-fleet-trainer")]["rules"]) == {
+            ("rolloutfleet.dev", "policyversions"): {"get", "create", "patch"},
+            ("rolloutfleet.dev", "rolloutfleets"): {"get", "list", "watch"},
+        }
+    subjects = {
+        (b["metadata"]["namespace"], b["roleRef"]["name"], s["name"], s["namespace"])
+        for b in by_kind(docs, "RoleBinding")
+        for s in b["subjects"]
+        if b["roleRef"]["name"].endswith("-trainer")
+    }
+    assert subjects == {
+        ("rl-a", "rf-rollout-fleet-trainer", "trainer", "rl-a"),
+        ("rl-b", "rf-rollout-fleet-trainer", "learner", "rl-b"),
+    }
+
+
 def test_pod_monitor_alternative_scrapes_the_operator_pods_like_the_service_monitor(helm: Helm) -> None:
     docs = render(helm, "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.service.enabled=false")
     assert not by_kind(docs, "ServiceMonitor")

@@ -2,9 +2,12 @@
 KubernetesShardSource routes nothing to it, and the trainer's refit brings it back.
 
 The FleetEngine runs in process (real KubeClient, real HTTP probes of sim shard subprocesses) so the test can feed
-it what discovery and the trainer would: the shard's instance identity (`FleetEngine.observe_instance`, read here
-with SGLang's `/weight_version` as the operator would read a pod's `<uid>:<restartCount>`) and the refit
-(`FleetEngine.record_refit`). State changes are awaited by watching the API, never by sleeping.
+it what discovery would: the shard's instance identity (`FleetEngine.observe_instance`, read here with SGLang's
+`/weight_version` as the operator would read a pod's `<uid>:<restartCount>`). The trainer, a ServiceAccount with only
+the chart's trainer Role, records its refits in the fleet's PolicyVersion through `PolicyVersionWriter`; the test
+hands the stored object to the engine as kopf's watch would (`FleetEngine.upsert_policy_version`; the real handler
+runs in tests/e2e/test_operator_policy_version.py). State changes are awaited by watching the API, never by
+sleeping.
 """
 
 from __future__ import annotations
@@ -16,18 +19,22 @@ from typing import Any
 
 import aiohttp
 import pytest
+from kubernetes_asyncio import client
 
 from fleet_operator.engine import FleetEngine
 from fleet_operator.kube import KubeClient
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HttpProber
+from rollout_runtime.kube import kinds
 from rollout_runtime.kube.config import load_client_configuration
-from rollout_runtime.shards import KubernetesShardSource
+from rollout_runtime.shards import KubernetesShardSource, PolicyVersionWriter
 from rollout_runtime.sim import SimFleet
-from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk
+from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk, weights_verdict
 from support.controlplane import ControlPlane
 from support.deadlines import within
+from support.helm import Helm
 from support.operator import api_client, status_of, wait_for_object
+from support.trainer import trainer_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -59,13 +66,15 @@ def in_set(obj: dict[str, Any]) -> set[str]:
 
 
 async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing_until_refit(
-    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path
+    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, helm: Helm
 ) -> None:
     ns = fleet_namespace
     identity = SGLangWeightVersion()
+    trainer = trainer_kubeconfig(fleet_crds, helm, ns)
     async with (
         SimFleet(3, log_dir=tmp_path / "sim") as fleet,
         api_client(fleet_crds.kubeconfig) as api,
+        api_client(trainer) as trainer_api,
         aiohttp.ClientSession() as http,
     ):
         fleet_crds.apply(*(shard_object(s.name, s.endpoint) for s in fleet.shards), fleet_object(), namespace=ns)
@@ -82,19 +91,31 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
         engine = FleetEngine(settings, kube, prober)
         names = set(fleet.names)
 
+        async def instance(name: str) -> str | None:
+            return await identity.identity(http, name, fleet.shard(name).endpoint)
+
+        writer = PolicyVersionWriter("a", ns, api_client=trainer_api, instance=instance)
+        custom = client.CustomObjectsApi(api)
+
         async def refit(name: str, version: int) -> None:
-            """What the trainer does: push the weights, read the instance they landed on, report the refit."""
-            endpoint = fleet.shard(name).endpoint
-            await update_weights_from_disk(http, endpoint, f"/ckpt/step-{version}", version)
-            landed = await identity.identity(http, name, endpoint)
+            """What the trainer does (push the weights inside the writer's refit: the PolicyVersion records the
+            version and the instance they landed on), then what discovery and kopf's watch hand the operator."""
+            async with writer.refit(name, version):
+                await update_weights_from_disk(http, fleet.shard(name).endpoint, f"/ckpt/step-{version}", version)
+            landed = await instance(name)
             assert landed == f"weight_version:{version}"
             await engine.observe_instance(GS, ns, name, landed)
-            await engine.record_refit(GS, ns, name, version, landed)
+            stored = await custom.get_namespaced_custom_object(kinds.GROUP, kinds.VERSION, ns, "policyversions", "a")
+            assert {"shard": name, "version": version, "instance": landed, "phase": "Succeeded"}.items() <= next(
+                r for r in stored["spec"]["refits"] if r["shard"] == name
+            ).items()
+            await engine.upsert_policy_version(stored)
 
         await engine.prime()
         running = asyncio.create_task(engine.run(), name="engine")
         try:
             await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: in_set(o) == names)
+            await writer.publish(1)
             for name in sorted(names):
                 await refit(name, 1)
             await wait_for_object(
@@ -122,10 +143,14 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
             )
             assert in_set(fleet_obj) == names - {"shard-0"}
 
-            source = KubernetesShardSource("a", ns, kubeconfig=fleet_crds.kubeconfig)
+            source = KubernetesShardSource("a", ns, api_client=trainer_api)  # the trainer Role suffices
             async with contextlib.aclosing(source.snapshots()) as snapshots:
                 snapshot = await within(anext(snapshots), "KubernetesShardSource's first snapshot")
             assert snapshot.names() == frozenset(names - {"shard-0"}), "a Stale shard must get no traffic"
+            assert source.weights.policy_version == 1
+            assert source.weights.stale_shards()["shard-0"] is True
+            assert source.weights.version_of("shard-0") is None, "an answer still in flight there must not commit"
+            assert not weights_verdict(1, 1, source.weights.version_of("shard-0"), 0).committable
 
             await refit("shard-0", 1)
             await wait_for_object(

@@ -322,3 +322,60 @@ async def test_a_restarted_refit_shard_is_stale_in_its_status_and_the_fleets_unt
     fleet = stored(emulator, "rolloutfleets", "a")["status"]
     assert [e["name"] for e in fleet["shards"]] == ["s0", "s1"]
     assert fleet["staleShards"] == 0
+
+
+def policy_body(version: int, refits: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PolicyVersion",
+        "metadata": {"name": "a", "namespace": NS, "uid": "uid-policy-a", "generation": 1},
+        "spec": {"policyVersion": version, "refits": refits},
+    }
+
+
+def refit(shard: str, version: int, instance: str, at: str) -> dict[str, Any]:
+    return {"shard": shard, "version": version, "instance": instance, "phase": "Succeeded", "time": at}
+
+
+async def test_the_trainers_policy_version_drives_refits_replays_and_lag(
+    emulator: VersionedKubernetesEmulator, kube: KubeClient
+) -> None:
+    """Refits arrive through the PolicyVersion; after an operator restart the re-listed refit of a crashed
+    container does not lift its successor; a new refit does; a newer policy version makes lagging shards Stale."""
+    engine, prober, _now = await healthy_fleet(emulator, kube, shards=2)
+    loop = asyncio.get_running_loop()
+    for name in ("s0", "s1"):
+        await engine.observe_instance("GenerationShard", NS, name, f"uid-{name}:0")  # what pod discovery feeds
+    first = policy_body(1, [refit("s0", 1, "uid-s0:0", "T1"), refit("s1", 1, "uid-s1:0", "T1")])
+    await engine.upsert_policy_version(first)
+    await engine.write_pass(loop.time() + COALESCE + HEARTBEAT)
+    fleet = stored(emulator, "rolloutfleets", "a")["status"]
+    assert fleet["policyVersion"] == 1
+    assert [(w["name"], w.get("weightsVersion"), w["stale"]) for w in fleet["shardWeights"]] == [
+        ("s0", 1, False),
+        ("s1", 1, False),
+    ]
+
+    await engine.observe_instance("GenerationShard", NS, "s0", "uid-s0:1")  # a container restart
+    await engine.write_pass(loop.time() + 2 * (COALESCE + HEARTBEAT))
+    assert stored(emulator, "generationshards", "s0")["status"]["phase"] == "Stale"
+
+    successor = make_engine(kube, prober)  # the operator restarted: everything is re-listed
+    await successor.prime()
+    await successor.upsert_policy_version(first)
+    assert successor.phase("GenerationShard", NS, "s0") is HealthPhase.STALE, "a replayed refit lifted a restart"
+    assert successor.phase("GenerationShard", NS, "s1") is HealthPhase.HEALTHY
+
+    again = policy_body(1, [refit("s0", 1, "uid-s0:1", "T2"), refit("s1", 1, "uid-s1:0", "T1")])
+    await successor.upsert_policy_version(again)
+    assert successor.phase("GenerationShard", NS, "s0") is not HealthPhase.STALE
+    await successor.probe_now()
+    await successor.probe_now()  # resumed from a persisted Stale: it earns Healthy by probes, as any resumed target
+    assert successor.phase("GenerationShard", NS, "s0") is HealthPhase.HEALTHY
+
+    await successor.upsert_policy_version(policy_body(2, again["spec"]["refits"]))
+    assert successor.phase("GenerationShard", NS, "s0") is HealthPhase.STALE
+    assert successor.phase("GenerationShard", NS, "s1") is HealthPhase.STALE
+    await successor.write_pass(loop.time() + 3 * (COALESCE + HEARTBEAT))
+    fleet = stored(emulator, "rolloutfleets", "a")["status"]
+    assert (fleet["policyVersion"], fleet["staleShards"], fleet["shards"]) == (2, 2, [])

@@ -597,8 +597,10 @@ async def test_ledger_lines_are_json_with_the_documented_fields(tmp_path: Path) 
         "shards",
         "time",
         "prompt_preview",
+        "stale_by_version",
     }
     assert len(entry["prompt_preview"]) == 200
+    assert entry["stale_by_version"] == {}
 
 
 @pytest.mark.looptime

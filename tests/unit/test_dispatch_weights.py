@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy
+from rollout_runtime.dispatch import Completed, Dispatcher, DispatchPolicy, FailureLedger
+from rollout_runtime.dispatch.ledger import stale_by_version
+from rollout_runtime.failures import RolloutTerminalDataFailure
 from rollout_runtime.shards import Shard, StaticShardSource
 from support.dispatch import assert_accounted, collect, make_shards
 
@@ -88,3 +91,32 @@ async def test_without_a_published_policy_every_answer_commits_unstamped() -> No
     assert run.stats.committed_by_version == {None: 3}
     assert dispatcher.metrics.value("rollout_committed_results_total", {"lag": "unknown"}) == 3
     assert dispatcher.metrics.value("rollout_shard_stale", {"shard": "a"}) == 1
+
+
+async def test_the_ledger_counts_a_failed_prompts_stale_answers_by_version(tmp_path: Path) -> None:
+    """A prompt whose only answer came from lagging weights, then failed for its data: its ledger line says which
+    policy versions answered it, so a failure is never mistaken for a result of the current policy."""
+    weights = Versions(2, {"a": 1})
+    calls = 0
+
+    async def rollout(shard: Shard, prompt: Any) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return "an off-policy answer"
+        raise RolloutTerminalDataFailure("the prompt is malformed")
+
+    ledger = tmp_path / "failures.jsonl"
+    policy = FAST.model_copy(update={"failure_ledger_path": ledger})
+    async with Dispatcher(StaticShardSource(make_shards("a")), policy, weights=weights) as dispatcher:
+        run = dispatcher.run(["p"], rollout)
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, range(1))
+    assert run.stats.stale == 1, "the first answer was not gated: the fault did not hit"
+    [entry] = FailureLedger.read(ledger)
+    assert entry["result"] == "data_failed"
+    assert entry["stale_by_version"] == {"1": 1}
+
+
+def test_stale_counts_are_ledgered_in_version_order_with_unknown_last() -> None:
+    assert stale_by_version({3: 1, None: 2, 1: 4}) == {"1": 4, "3": 1, "unknown": 2}

@@ -34,12 +34,13 @@ def test_cli_check_reports_stale_files(tmp_path: Path) -> None:
     assert "rolloutfleet.dev_rolloutfleets.yaml" in result.output
 
 
-def test_cli_prints_all_three_crds_as_one_stream() -> None:
+def test_cli_prints_all_four_crds_as_one_stream() -> None:
     result = CliRunner().invoke(crds_command, [])
     documents = [d for d in yaml.safe_load_all(result.output) if d]
     assert sorted(d["spec"]["names"]["kind"] for d in documents) == [
         "EnvironmentServer",
         "GenerationShard",
+        "PolicyVersion",
         "RolloutFleet",
     ]
 
@@ -115,8 +116,14 @@ def test_fleet_printer_columns_show_healthy_over_total_and_ready() -> None:
 
 @pytest.mark.parametrize("info", KINDS, ids=[k.kind for k in KINDS])
 def test_every_kind_has_status_subresource_short_name_and_category(info: Any) -> None:
+    """Every kind with a status has the status subresource (the operator's only write); the trainer-written
+    PolicyVersion has neither, so nothing can write a status to it."""
     spec = render_crd(info)["spec"]
-    assert spec["versions"][0]["subresources"] == {"status": {}}
+    if info.status is None:
+        assert "subresources" not in spec["versions"][0]
+        assert "status" not in spec["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    else:
+        assert spec["versions"][0]["subresources"] == {"status": {}}
     assert spec["names"]["shortNames"]
     assert spec["names"]["categories"] == ["rollout-fleet"]
     assert spec["group"] == "rolloutfleet.dev"

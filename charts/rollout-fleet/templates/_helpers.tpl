@@ -76,9 +76,10 @@ The operator's permissions on its own resources: exactly the verbs fleet_operato
 lists them with the reason; tests/e2e/test_chart_install.py checks `kubectl auth can-i --list` against that list).
 */}}
 {{- define "rollout-fleet.operatorRules" -}}
-# The engine lists the three kinds once when it starts leading; kopf then watches them (list + watch).
+# The engine lists the three kinds once when it starts leading; kopf then watches them and the trainers'
+# PolicyVersions (list + watch).
 - apiGroups: ["rolloutfleet.dev"]
-  resources: ["generationshards", "environmentservers", "rolloutfleets"]
+  resources: ["generationshards", "environmentservers", "rolloutfleets", "policyversions"]
   verbs: ["list", "watch"]
 # Observed health is written to the status subresource only (merge patch), never to spec or metadata.
 - apiGroups: ["rolloutfleet.dev"]

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import kopf
 
-from fleet_operator.handlers import environment_servers, generation_shards, lifecycle, pods, rollout_fleets
+from fleet_operator.handlers import (
+    environment_servers,
+    generation_shards,
+    lifecycle,
+    pods,
+    policy_versions,
+    rollout_fleets,
+)
 
 __all__ = ["build_registry"]
 
@@ -22,6 +29,7 @@ def build_registry(*, pod_discovery: bool = True) -> kopf.OperatorRegistry:
     generation_shards.register(registry)
     environment_servers.register(registry)
     rollout_fleets.register(registry)
+    policy_versions.register(registry)
     if pod_discovery:
         pods.register(registry)
     return registry

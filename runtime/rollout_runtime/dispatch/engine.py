@@ -35,7 +35,7 @@ import collections
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -55,7 +55,7 @@ from rollout_runtime.dispatch.budget import (
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
-from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview
+from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview, stale_by_version
 from rollout_runtime.dispatch.outcomes import (
     AttemptEnded,
     Completed,
@@ -131,6 +131,8 @@ class _PromptState:
     data_charges: list[tuple[str, blame.Signature]] = field(default_factory=list)
     """Data failures that carried an HTTP status, by shard and signature: one from a shard later judged sick no
     longer counts against the prompt."""
+    stale_versions: dict[int | None, int] = field(default_factory=dict)
+    """Answers not committed because of their weights (stale attempts), by the version they came from."""
 
 
 class _ReadyQueue(asyncio.Queue["_PromptState | None"]):
@@ -254,7 +256,7 @@ class _Accounts:
             stats.cancelled += 1
         self._metrics.attempt(outcome, seconds)
 
-    def prompt_ended(self, outcome: Outcome[Any, Any]) -> None:
+    def prompt_ended(self, outcome: Outcome[Any, Any], stale_versions: Mapping[int | None, int] | None = None) -> None:
         """A prompt has its outcome; one that completed or data-failed is progress (for the stall watchdog and
         ``rollout_last_commit_timestamp_seconds``)."""
         stats, metrics = self.stats, self._metrics
@@ -262,11 +264,11 @@ class _Accounts:
             stats.completed += 1
             metrics.prompts["completed"] += 1
         elif isinstance(outcome, DataFailed):
-            self._report(outcome)
+            self._report(outcome, stale_versions)
             stats.data_failed += 1
             metrics.prompts["data_failed"] += 1
         else:
-            self._report(outcome)
+            self._report(outcome, stale_versions)
             stats.skipped += 1
             metrics.prompts["skipped"] += 1
             return
@@ -274,7 +276,9 @@ class _Accounts:
         if self.watchdog is not None:
             self.watchdog.committed(self._clock.monotonic())
 
-    def _report(self, outcome: DataFailed[Any] | Skipped[Any]) -> None:
+    def _report(
+        self, outcome: DataFailed[Any] | Skipped[Any], stale_versions: Mapping[int | None, int] | None = None
+    ) -> None:
         """Log and ledger a prompt that ended without a result, before it is counted: a ledger that cannot be
         written ends the run with this prompt aborted, not both aborted and counted."""
         result: Literal["data_failed", "skipped"]
@@ -296,6 +300,7 @@ class _Accounts:
                 shards=outcome.shards,
                 time=self._clock.wall(),
                 prompt_preview=preview(outcome.prompt),
+                stale_by_version=stale_by_version(stale_versions or {}),
             )
         )
 
@@ -445,7 +450,7 @@ class DispatchRun(Generic[P, R]):
 
     def finish(self, state: _PromptState, outcome: Outcome[P, R]) -> None:
         """Hand out the prompt's one outcome (counted first); after the last one, end the run."""
-        self.accounts.prompt_ended(outcome)
+        self.accounts.prompt_ended(outcome, state.stale_versions)
         state.done = True
         self.outcomes.put_nowait(outcome)
         if self.stats.unfinished == 0:
@@ -1014,6 +1019,7 @@ class Dispatcher:
     ) -> None:
         """An answer from outside the allowed weights: not committed, redispatched elsewhere, no budget charged."""
         log.info("prompt %s: answer from shard %s not committed: %s", state.prompt_id, name, verdict.reason)
+        state.stale_versions[verdict.version] = state.stale_versions.get(verdict.version, 0) + 1
         run.accounts.attempt_ended("stale", state.prompt_id, name, seconds)
         state.budget.evictions += 1
         state.last_failed = name

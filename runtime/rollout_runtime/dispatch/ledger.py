@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
@@ -32,6 +33,9 @@ class LedgerEntry:
     time: float
     """Wall-clock (unix) time the prompt was given up."""
     prompt_preview: str = ""
+    stale_by_version: dict[str, int] = field(default_factory=dict)
+    """The prompt's answers not committed because of their weights, by the version they came from (``"unknown"``:
+    a restarted or refitting shard's): a prompt skipped after only stale answers shows which policies answered."""
 
     def to_json(self) -> str:
         record = asdict(self)
@@ -46,6 +50,15 @@ def preview(prompt: object) -> str:
     except Exception:
         text = f"<unprintable {type(prompt).__name__}>"
     return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+
+
+def stale_by_version(counts: Mapping[int | None, int]) -> dict[str, int]:
+    """Stale-answer counts by weights version as JSON keys, in version order (``"unknown"`` last)."""
+    known = sorted((version, n) for version, n in counts.items() if version is not None)
+    out = {str(version): n for version, n in known}
+    if None in counts:
+        out["unknown"] = counts[None]
+    return out
 
 
 class FailureLedger:

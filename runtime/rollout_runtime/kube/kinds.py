@@ -1,4 +1,4 @@
-"""The names of the three custom resources (group, version, each kind's kind, plural, singular and short names), and
+"""The names of the four custom resources (group, version, each kind's kind, plural, singular and short names), and
 of the built-in kinds the operator watches to discover members (Pods, EndpointSlices).
 
 The one place they are spelled. The operator's CRDs (``fleet_operator.crds`` adds the schemas, printer columns and
@@ -22,6 +22,7 @@ __all__ = [
     "GROUP",
     "KINDS",
     "POD",
+    "POLICY_VERSION",
     "ROLLOUT_FLEET",
     "VERSION",
     "BuiltinKind",
@@ -58,7 +59,9 @@ ENVIRONMENT_SERVER: Final[KindNames] = KindNames(
     "EnvironmentServer", "environmentservers", "environmentserver", ("envsrv",)
 )
 ROLLOUT_FLEET: Final[KindNames] = KindNames("RolloutFleet", "rolloutfleets", "rolloutfleet", ("rfleet",))
-KINDS: Final[tuple[KindNames, ...]] = (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET)
+POLICY_VERSION: Final[KindNames] = KindNames("PolicyVersion", "policyversions", "policyversion", ("polver",))
+"""The trainer's word on weights for one fleet (same name as the RolloutFleet): written by the trainer only."""
+KINDS: Final[tuple[KindNames, ...]] = (GENERATION_SHARD, ENVIRONMENT_SERVER, ROLLOUT_FLEET, POLICY_VERSION)
 BY_KIND: Final[Mapping[str, KindNames]] = {names.kind: names for names in KINDS}
 """``kind`` -> its names (the engine keys records by kind and writes by plural)."""
 

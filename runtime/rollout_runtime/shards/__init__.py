@@ -17,14 +17,17 @@ from rollout_runtime.shards.registration import FLEET_LABEL, OwnerRef
 
 if TYPE_CHECKING:
     from rollout_runtime.shards.kubernetes import KubernetesShardSource
+    from rollout_runtime.shards.kubernetes_weights import FleetWeights, PolicyVersionWriter
 
 __all__ = [
     "DEFAULT_FLEET",
     "FLEET_LABEL",
+    "FleetWeights",
     "HealthySet",
     "KubernetesShardSource",
     "LocalShardSource",
     "OwnerRef",
+    "PolicyVersionWriter",
     "ReportsCompletions",
     "Shard",
     "ShardSource",
@@ -35,9 +38,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """KubernetesShardSource is imported on first use: importing the runtime never imports kubernetes_asyncio."""
+    """Kubernetes parts are imported on first use: importing the runtime never imports kubernetes_asyncio."""
     if name == "KubernetesShardSource":
         from rollout_runtime.shards.kubernetes import KubernetesShardSource
 
         return KubernetesShardSource
+    if name in ("FleetWeights", "PolicyVersionWriter"):
+        from rollout_runtime.shards import kubernetes_weights
+
+        return getattr(kubernetes_weights, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.kube.errors import api_error_is_transient
 from rollout_runtime.kube.kinds import GENERATION_SHARD, GROUP, ROLLOUT_FLEET, VERSION
+from rollout_runtime.shards.kubernetes_weights import FleetWeights
 from rollout_runtime.shards.model import HealthySet, Shard
 from rollout_runtime.shards.registration import OwnerRef, registered_shard
 
@@ -103,7 +104,9 @@ class KubernetesShardSource:
             async for outcome in dispatcher.run(prompts, rollout): ...
 
     A snapshot is yielded when the revision changes, or when only the probe times move (heartbeats), so the
-    dispatcher can un-eject a shard a probe vouched for. A deleted fleet yields an empty set.
+    dispatcher can un-eject a shard a probe vouched for. A deleted fleet yields an empty set. :attr:`weights`
+    follows the status's policy version and shard weights (:class:`~rollout_runtime.shards.kubernetes_weights.
+    FleetWeights`); the trainer writes them through a ``PolicyVersionWriter``.
     """
 
     def __init__(
@@ -135,6 +138,8 @@ class KubernetesShardSource:
         self._backoff_max = reconnect_max_seconds
         self.fleet_object: dict[str, Any] | None = None
         """The latest RolloutFleet seen (None before the first list, or after deletion)."""
+        self.weights = FleetWeights()
+        """The fleet status's policy version and shard weights: the dispatcher gates answers with it."""
         self.relists = 0
         """Times the source listed (the first time, after 410 Gone, after reconnects): for tests and logs."""
 
@@ -292,6 +297,7 @@ class KubernetesShardSource:
 
     def _snapshot(self, fleet: Mapping[str, Any] | None) -> HealthySet:
         self.fleet_object = dict(fleet) if fleet is not None else None
+        self.weights.update((fleet or {}).get("status"))
         return healthy_set_from_status((fleet or {}).get("status"), self.members)
 
     async def _list(self, api: client.CustomObjectsApi) -> tuple[str, HealthySet]:

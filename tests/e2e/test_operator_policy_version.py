@@ -1,0 +1,183 @@
+"""The trainer's PolicyVersion on the real kube-apiserver, written with the chart's trainer Role and nothing more.
+
+The trainer is a ServiceAccount with a real TokenRequest token, bound to the Role the chart renders for
+``rbac.trainer.bindings``; it publishes and refits through the runtime's ``PolicyVersionWriter``. The operator is
+the real ``rollout-fleet operator`` process (its kopf handler watches PolicyVersions). State changes are awaited by
+watching the API, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from rollout_runtime.kube.config import load_client_configuration
+from rollout_runtime.shards import KubernetesShardSource, PolicyVersionWriter
+from rollout_runtime.sim import SimFleet
+from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk, weights_verdict
+from support.controlplane import ControlPlane
+from support.deadlines import within
+from support.helm import Helm
+from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.trainer import trainer_kubeconfig
+
+pytestmark = pytest.mark.e2e
+
+API = "rolloutfleet.dev/v1alpha1"
+PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
+
+
+def shard_object(name: str, endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "GenerationShard",
+        "metadata": {"name": name, "labels": {"fleet": "a"}},
+        "spec": {"endpoint": endpoint, "model": "sim-model", "maxModelLen": 4096, "probe": PROBE},
+    }
+
+
+def fleet_object() -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "RolloutFleet",
+        "metadata": {"name": "a"},
+        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}, "minReadyShards": 0},
+    }
+
+
+def in_set(obj: dict[str, Any]) -> set[str]:
+    return {entry["name"] for entry in status_of(obj).get("shards", [])}
+
+
+def weights_of(obj: dict[str, Any]) -> dict[str, int | None]:
+    return {entry["name"]: entry.get("weightsVersion") for entry in status_of(obj).get("shardWeights", [])}
+
+
+def can_i(plane: ControlPlane, namespace: str, verb: str, resource: str) -> bool:
+    result = plane.kubectl(
+        "auth", "can-i", verb, resource, f"--namespace={namespace}", f"--as=system:serviceaccount:{namespace}:trainer",
+        check=False,
+    )  # fmt: skip
+    return result.stdout.strip() == "yes"
+
+
+def test_the_trainer_role_grants_the_policy_version_and_nothing_else(
+    fleet_crds: ControlPlane, fleet_namespace: str, helm: Helm
+) -> None:
+    ns = fleet_namespace
+    trainer_kubeconfig(fleet_crds, helm, ns)
+    allowed = [("create", "policyversions"), ("patch", "policyversions"), ("get", "policyversions")]
+    allowed += [("watch", "rolloutfleets")]
+    for verb, resource in allowed:
+        assert can_i(fleet_crds, ns, verb, resource), f"the trainer must be able to {verb} {resource}"
+    denied = [
+        ("patch", "rolloutfleets"),
+        ("patch", "rolloutfleets/status"),
+        ("patch", "generationshards"),
+        ("patch", "generationshards/status"),
+        ("delete", "policyversions"),
+        ("get", "configmaps"),
+        ("get", "secrets"),
+        ("list", "pods"),
+    ]
+    for verb, resource in denied:
+        assert not can_i(fleet_crds, ns, verb, resource), f"the trainer must not {verb} {resource}"
+    other = fleet_crds.create_namespace(f"{ns}-other")
+    result = fleet_crds.kubectl(
+        "auth", "can-i", "create", "policyversions", f"--namespace={other}",
+        f"--as=system:serviceaccount:{ns}:trainer", check=False,
+    )  # fmt: skip
+    assert result.stdout.strip() == "no", "the trainer Role is namespaced: no PolicyVersion in another namespace"
+
+
+async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_each_back(
+    fleet_crds: ControlPlane,
+    fleet_namespace: str,
+    helm: Helm,
+    tmp_path: Path,
+    operator_processes: list[OperatorProcess],
+) -> None:
+    """The trainer (trainer Role only) publishes policy 1 and refits every shard through the real operator; then
+    publishes 2: every shard lags (maxWeightsLag 0), is Stale and routed nothing; refitting one brings only it back.
+    The runtime's FleetWeights (KubernetesShardSource.weights) sees the same, so its gate commits only on-policy
+    answers."""
+    ns = fleet_namespace
+    trainer = trainer_kubeconfig(fleet_crds, helm, ns)
+    async with (
+        SimFleet(2, log_dir=tmp_path / "sim") as fleet,
+        api_client(fleet_crds.kubeconfig) as api,
+        aiohttp.ClientSession() as http,
+    ):
+        fleet_crds.apply(*(shard_object(s.name, s.endpoint) for s in fleet.shards), fleet_object(), namespace=ns)
+        operator = OperatorProcess(fleet_crds, ns, tmp_path, identity="op-w")
+        operator_processes.append(operator)
+        operator.start()
+        await operator.wait_role("leader")
+        names = set(fleet.names)
+        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: in_set(o) == names)
+
+        async def push(name: str, version: int) -> None:
+            await update_weights_from_disk(http, fleet.shard(name).endpoint, f"/ckpt/step-{version}", version)
+
+        identity = SGLangWeightVersion()
+
+        async def instance(name: str) -> str | None:
+            return await identity.identity(http, name, fleet.shard(name).endpoint)
+
+        async with (
+            client.ApiClient(await load_client_configuration(trainer)) as trainer_api,
+            PolicyVersionWriter("a", ns, api_client=trainer_api, instance=instance) as writer,
+        ):
+            await writer.publish(1)
+            failures = await writer.refit_all(1, lambda name: push(name, 1), sorted(names))
+            assert failures == {}
+            on_policy = await wait_for_object(
+                api, "rolloutfleets", ns, "a", lambda o: weights_of(o) == dict.fromkeys(names, 1)
+            )
+            assert status_of(on_policy)["policyVersion"] == 1
+            assert in_set(on_policy) == names
+            shard = await wait_for_object(
+                api, "generationshards", ns, "shard-0", lambda o: status_of(o).get("weightsVersion") == 1
+            )
+            assert status_of(shard)["instance"] == "weight_version:1"
+
+            await writer.publish(2)
+            lagging = await wait_for_object(
+                api,
+                "rolloutfleets",
+                ns,
+                "a",
+                lambda o: status_of(o).get("policyVersion") == 2 and status_of(o).get("staleShards") == len(names),
+            )
+            assert in_set(lagging) == set(), "shards lagging beyond maxWeightsLag must get no traffic"
+            source = KubernetesShardSource("a", ns, api_client=trainer_api)
+            async with contextlib.aclosing(source.snapshots()) as snapshots:
+                snapshot = await within(anext(snapshots), "KubernetesShardSource's first snapshot")
+            assert snapshot.names() == frozenset()
+            assert source.weights.policy_version == 2
+            assert source.weights.stale_shards() == dict.fromkeys(names, True)
+            assert not weights_verdict(2, None, source.weights.version_of("shard-0"), 0).committable
+
+            async with writer.refit("shard-0", 2):
+                await push("shard-0", 2)
+            back = await wait_for_object(
+                api, "rolloutfleets", ns, "a", lambda o: in_set(o) == {"shard-0"} and status_of(o)["staleShards"] == 1
+            )
+            assert weights_of(back) == {"shard-0": 2, "shard-1": None}
+            async with contextlib.aclosing(source.snapshots()) as snapshots:
+                snapshot = await within(anext(snapshots), "KubernetesShardSource's snapshot after the refit")
+            assert snapshot.names() == frozenset({"shard-0"})
+            assert weights_verdict(2, 2, source.weights.version_of("shard-0"), 0).committable
+        stored = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "rolloutfleet.dev", "v1alpha1", ns, "policyversions", "a"
+        )
+        refits = {r["shard"]: (r["version"], r["phase"], r.get("instance")) for r in stored["spec"]["refits"]}
+        assert refits == {
+            "shard-0": (2, "Succeeded", "weight_version:2"),
+            "shard-1": (1, "Succeeded", "weight_version:1"),
+        }
