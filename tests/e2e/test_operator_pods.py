@@ -12,6 +12,7 @@ any address outside 127.0.0.0/8 and that subnet."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -36,7 +37,7 @@ from support.controlplane import ControlPlane
 from support.deadlines import deadline
 from support.dispatch import by_kind, collect
 from support.netns import NetworkNamespace
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.operator import ROLLOUT_FLEET_CLI, OperatorProcess, api_client, status_of, wait_for_object
 from support.pods import pod
 from support.tools import REPO_ROOT
 
@@ -162,6 +163,19 @@ async def fleet_until(api: client.ApiClient, ns: str, what: str, predicate: Any)
     return found
 
 
+async def cli_members(plane: ControlPlane, namespace: str) -> dict[str, tuple[str, str, bool, str | None]]:
+    """``rollout-fleet status a -o json``'s members: name -> (kind, phase, in set, instance)."""
+    process = await asyncio.create_subprocess_exec(
+        ROLLOUT_FLEET_CLI, "status", "a", "-n", namespace, "-o", "json",
+        env=plane.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with deadline("rollout-fleet status to answer", 60):
+        out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    members = json.loads(out)["members"]
+    return {m["name"]: (m["kind"], m["phase"], m["inSet"], m.get("instance")) for m in members}
+
+
 async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
     fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
 ) -> None:
@@ -177,6 +191,10 @@ async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
             sims.shard("shard-0").endpoint,
             sims.shard("shard-1").endpoint,
         }
+        assert await cli_members(fleet_crds, ns) == {
+            "sim-0": ("ShardPod", "Healthy", True, f"{uid0}:0"),
+            "sim-1": ("ShardPod", "Healthy", True, f"{uid1}:0"),
+        }, "rollout-fleet status lists the pod members (and not the unselected pod)"
 
         # Scale up: a third pod joins.
         uid2 = await kubelet.run("sim-2", port_of(sims, "shard-2"))
@@ -201,6 +219,7 @@ async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
         await kubelet.terminate("sim-1")
         terminating = await fleet_until(api, ns, "terminating pod held out", lambda o: "sim-1" not in published(o))
         assert status_of(terminating)["healthy"] == "2/3", "still a member (Draining), just not serving"
+        assert (await cli_members(fleet_crds, ns))["sim-1"] == ("ShardPod", "Draining", False, f"{uid1}:0")
         before = await sims.stats("shard-1")
         source = KubernetesShardSource("a", ns, kubeconfig=fleet_crds.kubeconfig)
         async with GenerationClient(timeout_seconds=30, connect_timeout_seconds=5) as generation:
@@ -471,6 +490,8 @@ async def test_a_services_endpointslices_from_the_real_controller_give_members_i
             )
             held = await fleet_until(api, ns, "not-ready member held out", lambda o: "sim-0" not in published(o))
             assert status_of(held)["totalShards"] == 1, "still a member, just not serving"
+            shown = await cli_members(fleet_crds, ns)
+            assert shown == {"sim-0": ("ShardPod", "Draining", False, f"{uid}:0")}, "status reads the slices too"
 
             # Ready again, then deleted: the slice empties and the member goes away.
             await kubelet.report("sim-0", ready=True, restarts=0)
