@@ -14,6 +14,7 @@ pytest_plugins = [
     "support.tools",
     "support.controlplane",
     "support.controllers",
+    "support.netns",
     "support.helm",
     "support.prometheus",
     "support.chart",

@@ -318,7 +318,9 @@ class FleetEngine:
             if record.namespace != namespace or (fleet is not None and record.name != fleet):
                 continue
             chosen = selections(record.spec) if record.spec is not None else []
-            known = self._records.pod_members(namespace, record.name)
+            by_pod = pod is not None and all(selection.service is None for _, selection in chosen)
+            # One pod's event under label selections looks at that pod only (no scan of the fleet's members).
+            known = {} if by_pod else self._records.pod_members(namespace, record.name)
             decided: set[TargetKey] = set()
             """The keys this pass decides about: members outside its scope are left as they are."""
             if full:

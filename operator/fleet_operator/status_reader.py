@@ -81,6 +81,8 @@ class StatusReader:
 
     def __init__(self, api: client.ApiClient, url: str, query: FleetQuery, namespace: str, timeout: float) -> None:
         self._api = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._discovery = client.DiscoveryV1Api(api)
         self.url = url
         self.query = query
         self.namespace = namespace
@@ -117,6 +119,49 @@ class StatusReader:
             raise
         return list(listed.get("items", []))
 
+    async def _list_raw(self, namespaced: Callable[..., Awaitable[Any]], cluster: Callable[..., Awaitable[Any]]) -> Any:
+        """A built-in kind's list as the API's JSON (camelCase, what fleet_operator.discovery reads)."""
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+
+        async def listed() -> Any:
+            if self.query.all_namespaces:
+                response = await cluster(**options)
+            else:
+                response = await namespaced(self.namespace, **options)
+            try:
+                if not 200 <= response.status <= 299:  # unread responses are not checked by the client
+                    raise ApiException(status=response.status, reason=response.reason)
+                return json.loads(await response.read())
+            finally:
+                response.release()
+
+        return list((await _retrying(listed)).get("items") or [])
+
+    async def _pods_and_slices(self, fleets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]] | None, list[Any]]:
+        """The pods and EndpointSlices pod members come from, read only when a fleet selects pods; pods None when
+        the caller may not list them (the summary then shows the published pod members only)."""
+        selections = [
+            selection
+            for fleet in fleets
+            for key in ("shardPods", "environmentServerPods")
+            if isinstance(selection := (fleet.get("spec") or {}).get(key), dict)
+        ]
+        if not selections:
+            return [], []
+        try:
+            pods = await self._list_raw(self._core.list_namespaced_pod, self._core.list_pod_for_all_namespaces)
+            slices: list[Any] = []
+            if any(selection.get("service") for selection in selections):
+                slices = await self._list_raw(
+                    self._discovery.list_namespaced_endpoint_slice,
+                    self._discovery.list_endpoint_slice_for_all_namespaces,
+                )
+        except ApiException as exc:
+            if exc.status == 403:
+                return None, []
+            raise
+        return pods, slices
+
     async def _read(self) -> list[dict[str, Any]]:
         name = self.query.name
         if name is not None:
@@ -143,7 +188,8 @@ class StatusReader:
             return []
         shards = await self._list(kinds.GENERATION_SHARD.plural)
         environments = await self._list(kinds.ENVIRONMENT_SERVER.plural)
-        summaries = [fleet_summary(f, shards, environments) for f in fleets]
+        pods, slices = await self._pods_and_slices(fleets)
+        summaries = [fleet_summary(f, shards, environments, pods, slices) for f in fleets]
         return sorted(summaries, key=lambda s: (str(s["namespace"]), str(s["name"])))
 
 

@@ -19,11 +19,21 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fleet_operator.decisions import selector_matches
+from fleet_operator import discovery
+from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, selector_matches
 from fleet_operator.models import LabelSelector, RolloutFleetSpec, RolloutFleetStatus
 from rollout_runtime.kube import kinds
 
-__all__ = ["fleet_detail", "fleet_summary", "fleet_table", "fleets_table", "render"]
+__all__ = [
+    "POD_MEMBER_KINDS",
+    "UNKNOWN_PHASE",
+    "fleet_detail",
+    "fleet_summary",
+    "fleet_table",
+    "fleets_table",
+    "pod_members",
+    "render",
+]
 
 _PHASE_STYLE = {
     "Healthy": "green",
@@ -33,7 +43,13 @@ _PHASE_STYLE = {
     "Pending": "dim",
     "Stale": "magenta",
     "Refitting": "cyan",
+    "Unknown": "dim",
 }
+POD_MEMBER_KINDS: dict[str, str] = {GENERATION_SHARD: "ShardPod", ENVIRONMENT_SERVER: "EnvironmentServerPod"}
+"""The Kind column of a pod member, by the kind of target its selection yields."""
+UNKNOWN_PHASE = "Unknown"
+"""A pod member that may take traffic but is not in the healthy set: its probe phase (Pending, Suspect or
+Unhealthy) lives in the operator only, since pod members have no object of their own."""
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -63,13 +79,81 @@ def _member(kind: str, obj: Mapping[str, Any], in_set: set[str]) -> dict[str, An
     }
 
 
+def _pod_member(kind: str, member: discovery.PodMember, in_set: Mapping[str, str | None]) -> dict[str, Any]:
+    """A pod member's row; a pod is in the set only under its current instance (a restarted pod that the set still
+    names with its old instance is not, until the operator admits it again)."""
+    published = member.name in in_set and in_set[member.name] in (None, member.instance)
+    if published:
+        phase = "Healthy"
+    elif member.draining:
+        phase = "Draining"
+    else:
+        phase = UNKNOWN_PHASE
+    return {
+        "kind": POD_MEMBER_KINDS[kind],
+        "name": member.name,
+        "phase": phase,
+        "inSet": published,
+        "endpoint": member.endpoint or None,
+        "instance": member.instance,
+        "latencyMilliseconds": None,
+        "consecutiveFailures": 0,
+        "lastProbeTime": None,
+        "lastError": None,
+    }
+
+
+def pod_members(
+    spec: RolloutFleetSpec,
+    status: RolloutFleetStatus,
+    pods: Iterable[Mapping[str, Any]] | None,
+    slices: Iterable[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """The members a fleet's pod selections give, by the operator's own rules (:mod:`fleet_operator.discovery`),
+    from the pods and EndpointSlices of the fleet's namespace.
+
+    ``pods`` None: they could not be read (no list permission); then the members shown are the published ones only
+    (the healthy-set entries that carry an ``instance``), which is all the fleet's status says about them."""
+    sets = {
+        GENERATION_SHARD: {e.name: e.instance for e in status.shards},
+        ENVIRONMENT_SERVER: {e.name: e.instance for e in status.environment_servers},
+    }
+    members: list[dict[str, Any]] = []
+    if pods is None:
+        entries = {
+            GENERATION_SHARD: [(e.name, e.endpoint, e.instance) for e in status.shards],
+            ENVIRONMENT_SERVER: [(e.name, e.endpoint, e.instance) for e in status.environment_servers],
+        }
+        for kind, _ in discovery.selections(spec):
+            for name, endpoint, instance in entries[kind]:
+                if instance is not None:  # a pod member (objects' entries carry no instance)
+                    member = discovery.PodMember(name, endpoint, instance, draining=False, labels={})
+                    members.append(_pod_member(kind, member, sets[kind]))
+        return members
+    views = [discovery.observe_pod(p) for p in pods]
+    by_name = {view.name: view for view in views}
+    slice_views = [discovery.observe_endpoint_slice(s) for s in slices]
+    for kind, selection in discovery.selections(spec):
+        if selection.service is not None:
+            found = discovery.slice_members(selection, slice_views, by_name)
+        else:
+            found = [m for m in (discovery.pod_member(selection, view) for view in views) if m is not None]
+        members += [_pod_member(kind, m, sets[kind]) for m in found]
+    return members
+
+
 def fleet_summary(
-    fleet: Mapping[str, Any], shards: Iterable[Mapping[str, Any]], environments: Iterable[Mapping[str, Any]]
+    fleet: Mapping[str, Any],
+    shards: Iterable[Mapping[str, Any]],
+    environments: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] | None = (),
+    slices: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One fleet and the members it selects, as a JSON-able document (camelCase, as the CRD names fields).
 
     ``shards`` and ``environments`` may hold other fleets' members (and, listing all namespaces, other namespaces'):
-    only those in the fleet's namespace that its selectors match are kept."""
+    only those in the fleet's namespace that its selectors match are kept. ``pods`` and ``slices`` (the same, for
+    the fleet's pod selections) give its pod members; see :func:`pod_members`."""
     metadata = _metadata(fleet)
     namespace = metadata.get("namespace")
     try:
@@ -91,6 +175,8 @@ def fleet_summary(
         _member(kinds.ENVIRONMENT_SERVER.kind, e, in_set)
         for e in _selected(here(environments), spec.environment_server_selector if spec else None)
     ]
+    if spec is not None:
+        members += pod_members(spec, status, None if pods is None else here(pods), here(slices))
     members.sort(key=lambda m: (m["kind"], m["name"]))
     return {
         "namespace": namespace,

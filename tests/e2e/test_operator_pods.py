@@ -4,14 +4,17 @@ container port named ``http``, Ready, containerStatuses[].restartCount). With th
 garbage collector: a trainer-registered GenerationShard is deleted with its owner. States are awaited by watching
 the API (tests/support/deadlines.py guards hangs); no sleeps, and times are printed, never asserted.
 
-Not here: a Service's EndpointSlices from the real EndpointSlice controller. The API server refuses loopback
-addresses in EndpointSlices (``may not be in the loopback range (127.0.0.0/8, ::1/128)``), and these tests never
-use a pod IP outside 127.0.0.0/8; tests/unit/test_operator_pod_members.py drives the engine with slices of the
-controller's shape instead."""
+A Service's EndpointSlices come from the real EndpointSlice controller too. The API server refuses loopback
+addresses in EndpointSlices (``may not be in the loopback range (127.0.0.0/8, ::1/128)``), so that test's sim shard
+runs inside a network namespace the test makes (tests/support/netns.py: a veth pair on 10.250.N.0/24) and its pod
+IP is the namespace's address; the operator's probe allowlist gains that /24 in that test only. Nothing talks to
+any address outside 127.0.0.0/8 and that subnet."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -28,11 +31,13 @@ from rollout_runtime.dispatch import Dispatcher
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.shards import KubernetesShardSource, OwnerRef, Shard
 from rollout_runtime.sim import SimFleet
+from rollout_runtime.sim.shard import READY_PREFIX
 from support.controllers import ControllerManager
 from support.controlplane import ControlPlane
 from support.deadlines import deadline
 from support.dispatch import by_kind, collect
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.netns import NetworkNamespace
+from support.operator import ROLLOUT_FLEET_CLI, OperatorProcess, api_client, status_of, wait_for_object
 from support.pods import pod
 from support.tools import REPO_ROOT
 
@@ -65,9 +70,12 @@ class Kubelet:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.uids: dict[str, str] = {}
+        self.pod_ip = "127.0.0.1"
+        """The IP written into every pod's status (a network namespace's address for EndpointSlice tests)."""
+        self.host_ip = "127.0.0.1"
 
     async def run(self, name: str, port: int, *, labels: dict[str, str] | None = None, restarts: int = 0) -> str:
-        """Create a pod on the loopback node and report it Running and Ready at 127.0.0.1:``port``; its uid."""
+        """Create a pod on the node and report it Running and Ready at ``pod_ip``:``port``; its uid."""
         body = pod(name, uid="", ip=None, labels=labels or {"app": "sim"}, port=port, namespace=self.namespace)
         body["metadata"].pop("uid")
         body["apiVersion"], body["kind"] = "v1", "Pod"
@@ -81,13 +89,13 @@ class Kubelet:
         return str(created.metadata.uid)
 
     async def report(self, name: str, *, ready: bool, restarts: int) -> None:
-        """PATCH the pod's status subresource: Running at 127.0.0.1, Ready or not, container restartCount."""
+        """PATCH the pod's status subresource: Running at ``pod_ip``, Ready or not, container restartCount."""
         ready_text = "True" if ready else "False"
         status = {
             "phase": "Running",
-            "hostIP": "127.0.0.1",
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "hostIP": self.host_ip,
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
             "conditions": [
                 {"type": "Ready", "status": ready_text},
                 {"type": "ContainersReady", "status": ready_text},
@@ -155,6 +163,19 @@ async def fleet_until(api: client.ApiClient, ns: str, what: str, predicate: Any)
     return found
 
 
+async def cli_members(plane: ControlPlane, namespace: str) -> dict[str, tuple[str, str, bool, str | None]]:
+    """``rollout-fleet status a -o json``'s members: name -> (kind, phase, in set, instance)."""
+    process = await asyncio.create_subprocess_exec(
+        ROLLOUT_FLEET_CLI, "status", "a", "-n", namespace, "-o", "json",
+        env=plane.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with deadline("rollout-fleet status to answer", 60):
+        out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    members = json.loads(out)["members"]
+    return {m["name"]: (m["kind"], m["phase"], m["inSet"], m.get("instance")) for m in members}
+
+
 async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
     fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
 ) -> None:
@@ -170,6 +191,10 @@ async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
             sims.shard("shard-0").endpoint,
             sims.shard("shard-1").endpoint,
         }
+        assert await cli_members(fleet_crds, ns) == {
+            "sim-0": ("ShardPod", "Healthy", True, f"{uid0}:0"),
+            "sim-1": ("ShardPod", "Healthy", True, f"{uid1}:0"),
+        }, "rollout-fleet status lists the pod members (and not the unselected pod)"
 
         # Scale up: a third pod joins.
         uid2 = await kubelet.run("sim-2", port_of(sims, "shard-2"))
@@ -194,6 +219,7 @@ async def test_pod_members_follow_scaling_restarts_replacement_and_termination(
         await kubelet.terminate("sim-1")
         terminating = await fleet_until(api, ns, "terminating pod held out", lambda o: "sim-1" not in published(o))
         assert status_of(terminating)["healthy"] == "2/3", "still a member (Draining), just not serving"
+        assert (await cli_members(fleet_crds, ns))["sim-1"] == ("ShardPod", "Draining", False, f"{uid1}:0")
         before = await sims.stats("shard-1")
         source = KubernetesShardSource("a", ns, kubeconfig=fleet_crds.kubeconfig)
         async with GenerationClient(timeout_seconds=30, connect_timeout_seconds=5) as generation:
@@ -343,3 +369,136 @@ async def test_the_registrar_role_is_enough_to_register_and_unregister(
         "auth", "can-i", "list", "generationshards", "-n", ns, kubeconfig=kubeconfig, check=False
     )
     assert denied.stdout.strip() == "no", "the registrar role must not read other shards"
+
+
+async def slice_until(
+    api: client.ApiClient, namespace: str, service: str, what: str, predicate: Any, guard_seconds: float = 90
+) -> list[dict[str, Any]]:
+    """The Service's EndpointSlices (as the API returns them) once ``predicate`` holds on them (list, then watch)."""
+    discovery = client.DiscoveryV1Api(api)
+    selector = f"kubernetes.io/service-name={service}"
+    slices: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+
+    def waited_for() -> str:
+        return f"EndpointSlices of {service}: {what}; last seen {list(slices.values())}"
+
+    async with deadline(waited_for, guard_seconds):
+        while True:
+            listing = await discovery.list_namespaced_endpoint_slice(
+                namespace, label_selector=selector, _preload_content=False
+            )
+            body = json.loads(await listing.read())
+            slices = {item["metadata"]["name"]: item for item in body["items"]}
+            if predicate(list(slices.values())):
+                break
+            response = await discovery.list_namespaced_endpoint_slice(
+                namespace,
+                label_selector=selector,
+                watch=True,
+                resource_version=body["metadata"]["resourceVersion"],
+                timeout_seconds=int(guard_seconds),
+                _preload_content=False,
+            )
+            try:
+                done = False
+                while not done and (line := await response.content.readline()):
+                    event = json.loads(line)
+                    name = event["object"]["metadata"]["name"]
+                    if event["type"] == "DELETED":
+                        slices.pop(name, None)
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        slices[name] = event["object"]
+                    done = predicate(list(slices.values()))
+                if done:
+                    break
+            except aiohttp.ClientError:
+                continue
+            finally:
+                response.release()
+    print(f"\n{what}: {time.monotonic() - started:.2f} s")
+    return list(slices.values())
+
+
+def slice_endpoints(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [endpoint for item in slices for endpoint in item.get("endpoints") or []]
+
+
+async def test_a_services_endpointslices_from_the_real_controller_give_members_in_a_network_namespace(
+    fleet_crds: ControlPlane,
+    controller_manager: ControllerManager,
+    network_namespace: NetworkNamespace,
+    fleet_namespace: str,
+    tmp_path: Path,
+    operator_processes: list[OperatorProcess],
+) -> None:
+    """Service -> EndpointSlice by the real controller, for a pod whose IP is a network namespace's address where
+    a real sim shard listens; the operator probes it through the veth and follows readiness and deletion."""
+    assert "endpointslice-controller" in controller_manager.controllers
+    ns, netns = fleet_namespace, network_namespace
+    shard = netns.process(
+        "sim-netns",
+        [sys.executable, "-m", "rollout_runtime.cli.sim_shard", "--host", netns.ip, "--port", "0"],
+        tmp_path / "sim-netns.log",
+    )
+    shard.start()
+    try:
+        ready = await shard.wait_ready_line(READY_PREFIX, 60)
+        assert ready["host"] == netns.ip, "the sim shard must listen on the namespace's address only"
+        port = int(ready["port"])
+        async with api_client(fleet_crds.kubeconfig) as api:
+            kubelet = await prepare_namespace(fleet_crds, api, ns)
+            kubelet.pod_ip, kubelet.host_ip = netns.ip, netns.host_ip
+            operator = OperatorProcess(
+                fleet_crds, ns, tmp_path, identity="op-slices", probe_allowed_hosts=str(netns.subnet)
+            )
+            operator_processes.append(operator)
+            operator.start()
+            await operator.wait_role("leader")
+            service = {
+                "metadata": {"name": "sim"},
+                "spec": {"selector": {"app": "sim"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+            }
+            await client.CoreV1Api(api).create_namespaced_service(ns, service)
+            fleet_crds.apply(fleet_object({"service": "sim"}), namespace=ns)
+            uid = await kubelet.run("sim-0", port)
+
+            def has_ready_endpoint(slices: list[dict[str, Any]]) -> bool:
+                return any(
+                    (e.get("conditions") or {}).get("ready") is True and e["addresses"] == [netns.ip]
+                    for e in slice_endpoints(slices)
+                )
+
+            slices = await slice_until(api, ns, "sim", "the controller published the pod", has_ready_endpoint)
+            managers = {item["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by") for item in slices}
+            assert managers == {"endpointslice-controller.k8s.io"}, "written by the real controller, nobody else"
+            (endpoint,) = slice_endpoints(slices)
+            assert endpoint["targetRef"]["uid"] == uid
+            assert [p["port"] for item in slices for p in item["ports"]] == [port], "targetPort http resolved"
+            first = await fleet_until(api, ns, "slice member published healthy", lambda o: "sim-0" in published(o))
+            assert published(first) == {"sim-0": f"{uid}:0"}
+            assert [e["endpoint"] for e in status_of(first)["shards"]] == [f"http://{netns.ip}:{port}"]
+
+            # Not Ready: the controller marks the endpoint not ready; the member is held out (Draining).
+            await kubelet.report("sim-0", ready=False, restarts=0)
+            await slice_until(
+                api,
+                ns,
+                "sim",
+                "endpoint not ready",
+                lambda s: [(e.get("conditions") or {}).get("ready") for e in slice_endpoints(s)] == [False],
+            )
+            held = await fleet_until(api, ns, "not-ready member held out", lambda o: "sim-0" not in published(o))
+            assert status_of(held)["totalShards"] == 1, "still a member, just not serving"
+            shown = await cli_members(fleet_crds, ns)
+            assert shown == {"sim-0": ("ShardPod", "Draining", False, f"{uid}:0")}, "status reads the slices too"
+
+            # Ready again, then deleted: the slice empties and the member goes away.
+            await kubelet.report("sim-0", ready=True, restarts=0)
+            await fleet_until(api, ns, "ready again", lambda o: "sim-0" in published(o))
+            await kubelet.remove("sim-0")
+            await slice_until(api, ns, "sim", "endpoint removed", lambda s: bool(s) and not slice_endpoints(s))
+            gone = await fleet_until(api, ns, "member gone", lambda o: status_of(o).get("totalShards") == 0)
+            assert published(gone) == {}
+    finally:
+        shard.stop()

@@ -32,6 +32,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "verbs": ["patch"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},  # pod members (podDiscovery)
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
 

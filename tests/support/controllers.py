@@ -1,10 +1,10 @@
 """A real kube-controller-manager against the test control plane, with only the controllers a test needs.
 
 Opt-in: only tests that request ``controller_manager`` start it (once per session, after the CRDs exist, so the
-garbage collector's discovery sees them at start). It runs the garbage collector (ownerReferences) and whatever else
-a :class:`ControllerManager` is given, with leader election off and no serving port; it is stopped by pid. There is
-still no kubelet or scheduler: tests write
-pod status themselves, bind pods to a Node object they create, and use pod IPs on 127.0.0.0/8 only.
+garbage collector's discovery sees them at start). It runs the garbage collector (ownerReferences) and the
+EndpointSlice controller (or whatever a :class:`ControllerManager` is given), with leader election off and no
+serving port; it is stopped by pid. There is still no kubelet or scheduler: tests write pod status themselves, bind
+pods to a Node object they create, and use pod IPs on 127.0.0.0/8 or in a network namespace the test made.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from support.controlplane import ControlPlane
 from support.processes import ManagedProcess, wait_until
 from support.tools import tool_path
 
-CONTROLLERS: Final[tuple[str, ...]] = ("garbage-collector-controller",)
-"""What the e2e tests need by default. ``endpointslice-controller`` can be passed too, but the API server refuses the
-loopback addresses these tests' pods have in an EndpointSlice, so its slices for them are never written."""
+CONTROLLERS: Final[tuple[str, ...]] = ("garbage-collector-controller", "endpointslice-controller")
+"""What the e2e tests need: ownerReference garbage collection, and Service -> EndpointSlice. The API server refuses
+loopback addresses in an EndpointSlice, so the controller's slices for pods on 127.0.0.0/8 are never written; the
+EndpointSlice test gives its pod a network namespace's address instead (tests/support/netns.py)."""
 START_TIMEOUT: Final[float] = 90.0
 _READY_LINES: Final[tuple[str, ...]] = ("all resource monitors have synced", "Garbage collector: all resource monitors")
 

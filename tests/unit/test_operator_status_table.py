@@ -11,7 +11,8 @@ import yaml
 from rich.console import Console, RenderableType
 
 from fleet_operator.status_reader import ApiServerUnreachable, watch_changes
-from fleet_operator.status_table import fleet_summary, render
+from fleet_operator.status_table import UNKNOWN_PHASE, fleet_summary, render
+from support.pods import pod
 
 READY = {
     "type": "Ready",
@@ -150,3 +151,95 @@ async def test_a_watch_warns_through_an_outage_after_its_first_read_but_not_befo
     assert warnings == ["cannot reach the API server at https://api:6443: no answer within 5 s (--timeout); retrying"]
     with pytest.raises(ApiServerUnreachable):
         await _watched(_Reads(outage), 1, [])
+
+
+def rl_pod(name: str, **fields: Any) -> dict[str, Any]:
+    """A pod in the fleets' namespace."""
+    return pod(name, **{"namespace": "rl", **fields})
+
+
+def pod_ref(name: str, uid: str) -> dict[str, str]:
+    return {"kind": "Pod", "name": name, "uid": uid}
+
+
+def pod_fleet(selection: dict[str, Any], **status: Any) -> dict[str, Any]:
+    spec = {"shardPods": {"targetPort": {"name": "http"}, "model": "m", **selection}}
+    return {"metadata": {"name": "p", "namespace": "rl"}, "spec": spec, "status": status}
+
+
+def rows(summary: dict[str, Any]) -> list[tuple[str, str, str, bool, str | None, str | None]]:
+    return [
+        (m["kind"], m["name"], m["phase"], m["inSet"], m["endpoint"], m.get("instance")) for m in summary["members"]
+    ]
+
+
+POD_SET = {"shards": [{"name": "vllm-0", "endpoint": "http://10.1.0.5:8000", "instance": "u-0:0"}]}
+
+
+def test_a_label_selected_fleet_lists_its_pod_members_with_the_operators_rules() -> None:
+    pods = [
+        rl_pod("vllm-0", uid="u-0", ip="10.1.0.5"),
+        rl_pod("vllm-1", uid="u-1", ip="10.1.0.6", ready=False),
+        rl_pod("vllm-2", uid="u-2", ip="10.1.0.7"),
+        rl_pod("vllm-3", uid="u-3", ip="10.1.0.8", restarts=(1,)),
+        rl_pod("other", uid="u-9", labels={"app": "other"}),
+        rl_pod("vllm-9", uid="u-8", namespace="elsewhere"),
+    ]
+    fleet_obj = pod_fleet(
+        {"selector": {"matchLabels": {"app": "vllm"}}},
+        shards=[*POD_SET["shards"], {"name": "vllm-3", "endpoint": "http://10.1.0.8:8000", "instance": "u-3:0"}],
+    )
+    summary = fleet_summary(fleet_obj, [], [], pods)
+    assert rows(summary) == [
+        ("ShardPod", "vllm-0", "Healthy", True, "http://10.1.0.5:8000", "u-0:0"),
+        ("ShardPod", "vllm-1", "Draining", False, "http://10.1.0.6:8000", "u-1:0"),
+        ("ShardPod", "vllm-2", UNKNOWN_PHASE, False, "http://10.1.0.7:8000", "u-2:0"),
+        ("ShardPod", "vllm-3", UNKNOWN_PHASE, False, "http://10.1.0.8:8000", "u-3:1"),  # the set names the old one
+    ]
+    shown = text(render([summary], "table", named=True, all_namespaces=False, namespace="rl"))
+    assert "ShardPod" in shown
+    assert "vllm-2" in shown
+
+
+def test_a_service_fleet_lists_the_endpoints_of_its_slices() -> None:
+    slices = [
+        {
+            "metadata": {"name": "vllm-x", "namespace": "rl", "labels": {"kubernetes.io/service-name": "vllm"}},
+            "ports": [{"name": "http", "port": 8000}],
+            "endpoints": [
+                {
+                    "addresses": ["10.1.0.5"],
+                    "conditions": {"ready": True},
+                    "targetRef": {"kind": "Pod", "name": "vllm-0", "uid": "u-0"},
+                },
+                {
+                    "addresses": ["10.1.0.6"],
+                    "conditions": {"ready": False, "terminating": True},
+                    "targetRef": {"kind": "Pod", "name": "vllm-1", "uid": "u-1"},
+                },
+            ],
+        },
+        {
+            "metadata": {"name": "db-x", "namespace": "rl", "labels": {"kubernetes.io/service-name": "db"}},
+            "ports": [{"name": "http", "port": 5432}],
+            "endpoints": [{"addresses": ["10.1.0.9"], "targetRef": pod_ref("db-0", "u-9")}],
+        },
+    ]
+    pods = [rl_pod("vllm-0", uid="u-0", ip="10.1.0.5"), rl_pod("vllm-1", uid="u-1", ip="10.1.0.6", deleting=True)]
+    summary = fleet_summary(pod_fleet({"service": "vllm"}, **POD_SET), [], [], pods, slices)
+    assert rows(summary) == [
+        ("ShardPod", "vllm-0", "Healthy", True, "http://10.1.0.5:8000", "u-0:0"),
+        ("ShardPod", "vllm-1", "Draining", False, "http://10.1.0.6:8000", "u-1:0"),
+    ]
+
+
+def test_without_permission_to_list_pods_the_published_pod_members_are_shown() -> None:
+    status = {"shards": [*POD_SET["shards"], {"name": "hand-written", "endpoint": "http://h:1"}]}
+    summary = fleet_summary(pod_fleet({"selector": {}}, **status), [], [], None)
+    assert rows(summary) == [("ShardPod", "vllm-0", "Healthy", True, "http://10.1.0.5:8000", "u-0:0")]
+
+
+def test_fleets_without_pod_selections_show_no_pod_members_and_no_instance_key() -> None:
+    summary = fleet_summary(FLEET_A, SHARDS, [], [rl_pod("s9", labels={"fleet": "a"})])
+    assert [m["kind"] for m in summary["members"]] == ["GenerationShard", "GenerationShard"]
+    assert all("instance" not in m for m in summary["members"])
