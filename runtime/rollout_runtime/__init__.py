@@ -30,10 +30,12 @@ from rollout_runtime.failures import (
 )
 
 if TYPE_CHECKING:
-    from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchPolicy, Skipped
+    from rollout_runtime.adapters import DispatchedOpenAI
+    from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchPolicy, DispatchSession, Skipped
     from rollout_runtime.environment import EnvironmentClient
     from rollout_runtime.generation import GenerationClient
     from rollout_runtime.metrics import RolloutMetrics
+    from rollout_runtime.results import Completion, GenerationOptions
     from rollout_runtime.shards import (
         HealthySet,
         KubernetesShardSource,
@@ -58,6 +60,10 @@ _LAZY: dict[str, str] = {
     "Shard": "rollout_runtime.shards",
     "ShardSource": "rollout_runtime.shards",
     "StaticShardSource": "rollout_runtime.shards",
+    "DispatchSession": "rollout_runtime.dispatch",
+    "Completion": "rollout_runtime.results",
+    "GenerationOptions": "rollout_runtime.results",
+    "DispatchedOpenAI": "rollout_runtime.adapters",
 }
 
 
@@ -75,12 +81,16 @@ except PackageNotFoundError:  # running from a source tree without an install
 
 __all__ = [
     "Completed",
+    "Completion",
     "DataFailed",
     "DispatchPolicy",
+    "DispatchSession",
+    "DispatchedOpenAI",
     "Dispatcher",
     "EnvironmentClient",
     "FailureClass",
     "GenerationClient",
+    "GenerationOptions",
     "GenerationUnavailable",
     "GymTransportError",
     "HealthySet",

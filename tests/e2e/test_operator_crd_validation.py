@@ -140,6 +140,7 @@ def test_examples_are_accepted_and_defaulted(fleet_crds: ControlPlane, fleet_nam
         "timeoutSeconds": 2,
         "failureThreshold": 3,
         "successThreshold": 2,
+        "checkModel": True,  # a GenerationShard with a model checks /v1/models unless told not to
     }
     assert stored["spec"]["serviceRef"] == {"name": "vllm-1", "port": 8000, "scheme": "http"}
     policy = fleet_crds.kubectl_json("get", "rolloutfleet", "demo", "-n", fleet_namespace)["spec"]["policy"]
