@@ -6,7 +6,7 @@ it what discovery would: the shard's instance identity (`FleetEngine.observe_ins
 `/weight_version` as the operator would read a pod's `<uid>:<restartCount>`). The trainer, a ServiceAccount with only
 the chart's trainer Role, records its refits in the fleet's PolicyVersion through `PolicyVersionWriter`; the test
 hands the stored object to the engine as kopf's watch would (`FleetEngine.upsert_policy_version`; the real handler
-runs in tests/e2e/test_operator_policy_version.py). State changes are awaited by watching the API, never by
+runs in tests/e2e/test_policy_version_cluster.py). State changes are awaited by watching the API, never by
 sleeping.
 """
 
