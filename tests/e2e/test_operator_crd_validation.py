@@ -92,6 +92,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "operators In and NotIn need at least one value",
     ),
     ("unknown stall action", fleet({**SELECT, "policy": {"stallAction": "explode"}}), 'Unsupported value: "explode"'),
+    (
+        "replace with no replacement attempts",
+        fleet({**SELECT, "policy": {"onDroppedPrompt": "replace", "maxReplacementAttempts": 0}}),
+        "policy.onDroppedPrompt='replace' requires policy.maxReplacementAttempts >= 1",
+    ),
+    (
+        "batch fraction of zero",
+        fleet({**SELECT, "policy": {"minStepBatchFraction": 0}}),
+        "minStepBatchFraction",
+    ),
     ("no shard selector", fleet({"minReadyShards": 1}), 'missing required field "shardSelector"'),
 ]
 

@@ -4,7 +4,8 @@ The loop, per prompt: pick a routable shard (healthy set minus ejected, weighted
 the shard that just failed it) -> run ``rollout(shard, prompt)`` -> on success commit; on failure read it once
 (:func:`diagnose`: class, type, whether it blames the shard, whether it is terminal, reason) and let the budgets
 decide: retry (infra: after backoff, elsewhere; data: at once, elsewhere), data-failed (reported, written to the
-ledger), or exhausted (skipped, or the run raises :class:`RolloutRedispatchExhausted`). Workers
+ledger), or exhausted (skipped); whether a prompt given up on is reported, replaced from the run's reserve or ends
+the run is :mod:`drops`' decision (NeMo-RL's ``max_skipped_prompts`` and companions). Workers
 (``max_concurrency`` of them) pull prompts from a ready queue; prompts waiting out a backoff sit on a timer, not
 on a worker.
 
