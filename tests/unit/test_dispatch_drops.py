@@ -58,6 +58,21 @@ def test_min_step_batch_fraction_is_within_0_exclusive_and_1(fraction: float) ->
         DispatchPolicy(min_step_batch_fraction=fraction)
 
 
+def test_a_rolloutfleet_policy_carries_the_drop_fields_in_camel_case() -> None:
+    p = DispatchPolicy.from_fleet(
+        {
+            "maxSkippedPrompts": 3,
+            "maxConsecutiveDroppedPrompts": 2,
+            "minStepBatchFraction": 0.75,
+            "onDroppedPrompt": "replace",
+            "maxReplacementAttempts": 2,
+            "replacementReservePrompts": 8,
+        }
+    )
+    assert (p.max_skipped_prompts, p.max_consecutive_dropped_prompts, p.min_step_batch_fraction) == (3, 2, 0.75)
+    assert (p.on_dropped_prompt, p.max_replacement_attempts, p.replacement_reserve_prompts) == ("replace", 2, 8)
+
+
 # -- the pure rules ------------------------------------------------------------------------------------------------
 
 
