@@ -194,7 +194,10 @@ def value(count: int, concurrency: int, deadline: float) -> None:
         backoff_max_seconds=0.5,
         ejection_base_seconds=0.5,
         ejection_max_seconds=5,
-        max_skipped_prompts=count,  # count what is lost instead of ending the run
+        # Count what is lost instead of ending the run.
+        max_skipped_prompts=count,
+        max_consecutive_dropped_prompts=count,
+        min_step_batch_fraction=0.01,
     )
     naive = asyncio.run(naive_chaos(count, concurrency, policy, chaos, deadline))
     ours = asyncio.run(dispatcher_chaos(count, concurrency, policy, chaos, deadline))

@@ -114,7 +114,10 @@ class Scale:
             max_concurrency=self.concurrency,
             attempt_timeout_seconds=self.attempt_timeout,
             healthy_wait_seconds=self.duration,
-            max_skipped_prompts=self.prompts,  # count a prompt that runs out of budget as lost; never end the run
+            # Count a prompt that runs out of budget as lost; never end the run.
+            max_skipped_prompts=self.prompts,
+            max_consecutive_dropped_prompts=self.prompts,
+            min_step_batch_fraction=0.01,
         )
 
     def proxy(self) -> ProxySettings:
@@ -754,7 +757,10 @@ async def scenario_poison(seed: int) -> None:
     shards, answered, stack = await _blame_fleet(6, lambda p: 500 if p == POISON_TEXT else 200)
     prompts = [f"prompt {i}" for i in range(4800)]
     prompts[2400] = POISON_TEXT
-    policy = DispatchPolicy(max_concurrency=32, backoff_initial_seconds=0.1, backoff_max_seconds=2.0)
+    # One prompt may be data-failed (max_skipped_prompts: the poison one); the default 0 would end the run on it.
+    policy = DispatchPolicy(
+        max_concurrency=32, backoff_initial_seconds=0.1, backoff_max_seconds=2.0, max_skipped_prompts=1
+    )
     started = time.monotonic()
     error: BaseException | None = None
     results: dict[str, int] = {}

@@ -243,6 +243,11 @@ async def run_demo(
             stall_check_seconds=1.0,
             stall_action="abort",
             max_concurrency=config.concurrency,
+            # The demo's own skip budget (NeMo-RL's names): its deliberately over-long prompts may be reported
+            # DataFailed, one more data failure ends the run; no prompt may run out of its infra budget.
+            max_skipped_prompts=config.over_long_prompts,
+            max_consecutive_dropped_prompts=0,
+            min_step_batch_fraction=min(0.9, max(0.01, 1 - config.over_long_prompts / config.prompts)),
         )
         generation = await stack.enter_async_context(GenerationClient(timeout_seconds=30.0))
         http = await stack.enter_async_context(aiohttp.ClientSession())

@@ -59,6 +59,7 @@ __all__ = [
     "GenerationUnavailable",
     "GymTransportError",
     "NoHealthyShards",
+    "RolloutBatchTooSmall",
     "RolloutDataFailure",
     "RolloutFailure",
     "RolloutFleetMisconfigured",
@@ -148,6 +149,10 @@ class RolloutRedispatchExhausted(RuntimeError):
 
 class RolloutStall(RuntimeError):
     """Rollouts are in flight but none has committed within the watchdog deadline."""
+
+
+class RolloutBatchTooSmall(RuntimeError):
+    """Too many of a run's prompts were given up on to keep ``min_step_batch_fraction`` of it: terminal for the run."""
 
 
 class RolloutFleetMisconfigured(RuntimeError):

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, TypeVar
 from pydantic import BaseModel, model_validator
 from pydantic.alias_generators import to_camel
 
-__all__ = ["ClusterView", "Comparison", "Op", "check_rules", "rules_validator"]
+__all__ = ["ClusterView", "Comparison", "Op", "Requirement", "Rule", "check_rules", "rules_validator"]
 
 Op = Literal["<", "<=", ">", ">="]
 
@@ -97,8 +97,57 @@ class Comparison:
         return {"rule": rule, "message": self.message(name=to_camel, scope=scope), "fieldPath": f".{left}"}
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """``when == equals`` requires ``left <op> bound`` (a constant): a choice that only works with another setting.
+
+    Checked by the model's validator and carried as a CEL rule, like :class:`Comparison`; ``why`` says what the
+    choice would silently become otherwise.
+    """
+
+    when: str
+    equals: str
+    left: str
+    op: Op
+    bound: float
+    why: str = ""
+
+    @property
+    def right(self) -> str:
+        """The field whose value makes the rule apply (so messages can show both values, as a Comparison's do)."""
+        return self.when
+
+    def holds(self, left: Any, when: Any) -> bool:
+        return when != self.equals or left is None or _HOLDS[self.op](left, self.bound)
+
+    def message(
+        self, *, name: Callable[[str], str] = _same, scope: str = "", values: Mapping[str, Any] | None = None
+    ) -> str:
+        def subject(field_name: str) -> str:
+            text = f"{scope}.{name(field_name)}" if scope else name(field_name)
+            return f"{text} ({values[field_name]})" if values is not None else text
+
+        why = f", {self.why}" if self.why else ""
+        when, bound = f"{scope + '.' if scope else ''}{name(self.when)}", f"{self.op} {self.bound:g}"
+        return (
+            f"{when}={self.equals!r} requires {subject(self.left)} {bound}{why};"
+            f" set {name(self.left)} {bound} or change {name(self.when)}"
+        )
+
+    def cel(self, *, scope: str, optional: Collection[str] = ()) -> dict[str, str]:
+        """The rule as a CRD ``x-kubernetes-validations`` entry, reported at the required field."""
+        when, left = to_camel(self.when), to_camel(self.left)
+        guards = [f"!has(self.{to_camel(f)})" for f in (self.when, self.left) if f in optional]
+        rule = " || ".join([*guards, f"self.{when} != '{self.equals}'", f"self.{left} {self.op} {self.bound:g}"])
+        return {"rule": rule, "message": self.message(name=to_camel, scope=scope), "fieldPath": f".{left}"}
+
+
+Rule = Comparison | Requirement
+"""A cross-field rule: both kinds are checked here and carried into the CRD as CEL."""
+
+
 def check_rules(
-    model: BaseModel, rules: Iterable[Comparison], *, name: Callable[[str], str] = _same, show_values: bool = True
+    model: BaseModel, rules: Iterable[Rule], *, name: Callable[[str], str] = _same, show_values: bool = True
 ) -> None:
     """Raise ValueError with the message of the first rule ``model`` breaks (with the two values, by default)."""
     for rule in rules:
@@ -108,7 +157,7 @@ def check_rules(
 
 
 def rules_validator(
-    rules: tuple[Comparison, ...], *, name: Callable[[str], str] = _same, show_values: bool = True
+    rules: tuple[Rule, ...], *, name: Callable[[str], str] = _same, show_values: bool = True
 ) -> Any:  # pydantic's decorator proxy type is private
     """A pydantic after-validator that checks ``rules``; assign it as ``_rules`` in a model (or in the namespace of
     a derived one: a subclass replaces the inherited validator by using the same name with other naming)."""
@@ -131,7 +180,7 @@ class ClusterView:
 
     scope: str
     """The field's name in its parent object (``policy``, ``probe``): it prefixes rule messages."""
-    rules: tuple[Comparison, ...] = ()
+    rules: tuple[Rule, ...] = ()
     defaults: Mapping[str, Any] = field(default_factory=dict)
     excluded: frozenset[str] = frozenset()
     minimum: Mapping[str, float] = field(default_factory=dict)

@@ -93,6 +93,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("unknown stall action", fleet({**SELECT, "policy": {"stallAction": "explode"}}), 'Unsupported value: "explode"'),
     (
+        "replace with no replacement attempts",
+        fleet({**SELECT, "policy": {"onDroppedPrompt": "replace", "maxReplacementAttempts": 0}}),
+        "policy.onDroppedPrompt='replace' requires policy.maxReplacementAttempts >= 1",
+    ),
+    (
+        "batch fraction of zero",
+        fleet({**SELECT, "policy": {"minStepBatchFraction": 0}}),
+        "minStepBatchFraction",
+    ),
+    (
         "no shard selector",
         fleet({"minReadyShards": 1}),
         "set spec.shardSelector (GenerationShard objects), spec.shardPods (pods), or both",

@@ -28,7 +28,12 @@ from support.httpserver import serve
 
 Handler = Callable[[dict[str, Any]], Awaitable[web.StreamResponse]]
 POLICY = DispatchPolicy(
-    backoff_initial_seconds=0.01, backoff_max_seconds=0.05, ejection_base_seconds=60, max_concurrency=16
+    backoff_initial_seconds=0.01,
+    backoff_max_seconds=0.05,
+    ejection_base_seconds=60,
+    max_concurrency=16,
+    max_skipped_prompts=4,  # a poison prompt is reported DataFailed and the run goes on (the default ends it)
+    min_step_batch_fraction=0.5,
 )
 POISON = "the prompt every shard refuses"
 

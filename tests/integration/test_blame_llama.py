@@ -16,7 +16,12 @@ from support.dispatch import ControlledSource, assert_accounted, by_kind, collec
 from support.llama import CONTEXT_TOKENS, MODEL_ALIAS, LlamaServer, StartLlamaServers
 
 POLICY = DispatchPolicy(
-    backoff_initial_seconds=0.05, backoff_max_seconds=0.2, ejection_base_seconds=60, max_concurrency=2
+    backoff_initial_seconds=0.05,
+    backoff_max_seconds=0.2,
+    ejection_base_seconds=60,
+    max_concurrency=2,
+    max_skipped_prompts=1,  # the one bad prompt of a run is reported DataFailed and the run goes on
+    min_step_batch_fraction=0.8,
 )
 TOO_LONG = " the" * (CONTEXT_TOKENS * 2)
 MALFORMED = "a request llama.cpp cannot validate"

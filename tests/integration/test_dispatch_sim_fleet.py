@@ -25,11 +25,12 @@ from rollout_runtime.dispatch import (
     FailureLedger,
     Outcome,
 )
+from rollout_runtime.failures import RolloutBatchTooSmall
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim import SimFaults, SimFleet, expected_answer
-from support.dispatch import assert_accounted, by_kind, collect
+from support.dispatch import assert_accounted, by_kind, collect, collect_until_error
 
 # Fast probes so a dead or hung shard leaves the healthy set within about a second, even on a loaded box.
 PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
@@ -257,7 +258,9 @@ async def test_over_long_prompts_are_data_failed_with_vllms_reason_and_ledgered(
     batch[3] = long_prompt
     batch[7] = long_prompt + " again"
     ledger = tmp_path / "ledger.jsonl"
-    policy = POLICY.model_copy(update={"failure_ledger_path": ledger})
+    policy = POLICY.model_copy(
+        update={"failure_ledger_path": ledger, "max_skipped_prompts": 2, "min_step_batch_fraction": 0.8}
+    )
     async with harness(policy=policy, max_model_len=64) as h:
         run, outcomes = await h.run(batch)
     assert_accounted(run, outcomes, range(len(batch)))
@@ -278,4 +281,54 @@ async def test_over_long_prompts_are_data_failed_with_vllms_reason_and_ledgered(
     assert all("maximum context length is 64 tokens" in str(e["reason"]) for e in entries)
     data_attempts = sum(failed.attempts for failed in kinds["data_failed"])
     assert h.dispatcher.metrics.value("rollout_attempts_total", {"outcome": "data_failure"}) == data_attempts
+    assert_metrics_match(h.dispatcher, run)
+
+
+# -- NeMo-RL's drop semantics against real shard processes ---------------------------------------------------------
+
+LONG = " ".join(["word"] * 80)  # 80 tokens + 8 to generate > max_model_len 64: vLLM's context-length 400, DATA
+
+
+async def test_shrink_ends_the_run_once_fewer_than_the_batch_floor_can_complete() -> None:
+    """Two over-long prompts of 10 at min_step_batch_fraction 0.9 (floor 9): the first shrinks the batch, the second
+    ends the run with RolloutBatchTooSmall, every prompt accounted for."""
+    batch = prompts(10)
+    batch[2], batch[6] = LONG, LONG + " again"
+    policy = POLICY.model_copy(update={"max_skipped_prompts": 5, "min_step_batch_fraction": 0.9})
+    async with harness(policy=policy, max_model_len=64) as h:
+        run = h.dispatcher.run(batch, h.rollout)
+        outcomes, error = await collect_until_error(run)
+    assert isinstance(error, RolloutBatchTooSmall), error
+    assert "lost 2 of 10" in str(error)
+    assert_accounted(run, outcomes, range(10))
+    [failed] = by_kind(outcomes)["data_failed"]
+    assert failed.prompt_id in (2, 6)
+    assert {2, 6} - {failed.prompt_id} <= set(run.aborted_ids())
+    assert_correct(outcomes)
+
+
+async def test_replace_keeps_the_batch_size_with_prompts_from_the_reserve() -> None:
+    """Two over-long prompts of 10, a reserve whose first prompt is over-long too: each lost position is refilled
+    (one of them twice), the run completes 10 prompts, and only the reserve prompts drawn are submitted."""
+    batch = prompts(10)
+    batch[3], batch[7] = LONG, LONG + " again"
+    reserve = [LONG + " and again", "What is 100 + 300?", "What is 200 + 600?", "What is 5 + 15?"]
+    policy = POLICY.model_copy(
+        update={
+            "max_skipped_prompts": 3,
+            "min_step_batch_fraction": 1.0,
+            "on_dropped_prompt": "replace",
+            "max_replacement_attempts": 2,
+        }
+    )
+    async with harness(policy=policy, max_model_len=64) as h:
+        run = h.dispatcher.run(batch, h.rollout, reserve=reserve)
+        outcomes = await collect(run)
+    kinds = by_kind(outcomes)
+    assert len(kinds["completed"]) == 10, "the batch keeps its size"
+    assert sorted(o.prompt_id for o in kinds["data_failed"]) == [3, 7, 10], "reserve ids continue the positions"
+    assert run.stats.submitted == 13, "the fourth reserve prompt was never needed, so never submitted"
+    assert {o.prompt for o in kinds["completed"]} >= set(reserve[1:3])
+    assert_accounted(run, outcomes, range(13))
+    assert_correct(outcomes)
     assert_metrics_match(h.dispatcher, run)

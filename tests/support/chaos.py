@@ -164,6 +164,10 @@ def chaos_policy(ledger: Path, **overrides: Any) -> DispatchPolicy:
         "stall_check_seconds": 2.0,
         "stall_action": "abort",
         "failure_ledger_path": ledger,
+        # Data-failed prompts are reported and the run goes on (the drop rules have their own tests); an
+        # infra-exhausted prompt still ends the run.
+        "max_skipped_prompts": 1_000_000,
+        "min_step_batch_fraction": 0.01,
     }
     return DispatchPolicy(**(fields | overrides))
 

@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchPolicy, Skipped
+from rollout_runtime.dispatch.drops import batch_floor
 from rollout_runtime.failures import (
     GenerationUnavailable,
+    RolloutBatchTooSmall,
     RolloutDataFailure,
     RolloutRedispatchExhausted,
     RolloutTerminalDataFailure,
@@ -89,6 +91,8 @@ policies = st.builds(
     max_infra_attempts=st.integers(1, 4),
     max_data_attempts=st.integers(1, 3),
     max_skipped_prompts=st.integers(0, 3),
+    max_consecutive_dropped_prompts=st.integers(0, 3),
+    min_step_batch_fraction=st.sampled_from([0.01, 0.5, 0.9, 1.0]),
     max_concurrency=st.none() | st.integers(1, 4),
     backoff_initial_seconds=st.just(0.0),
     backoff_max_seconds=st.just(0.0),
@@ -105,8 +109,9 @@ def test_every_prompt_ends_exactly_once_as_its_budgets_dictate(
     - each prompt is delivered at most once, and delivered + aborted = all prompts (nothing lost or duplicated);
     - a delivered prompt's outcome and attempt count are exactly what its budgets dictate (attempts evicted
       before doing anything are extra attempts and charge nothing);
-    - the run raises RolloutRedispatchExhausted iff more prompts exhausted their infra budget than may be skipped,
-      and otherwise every prompt is delivered;
+    - the drop rules (NeMo-RL's): more data-failed prompts than max_skipped_prompts, or more given up on than the
+      batch floor leaves, always end the run; within every allowance the run ends normally with every prompt
+      delivered; the error names the rule that ended it;
     - data failures carry a reason; evictions are charged to no budget;
     - the metrics agree with the run's counters."""
     # A private loop, never installed as the current one: asyncio.run() would unset the loop pytest's plugins
@@ -121,6 +126,8 @@ def test_every_prompt_ends_exactly_once_as_its_budgets_dictate(
     assert_accounted(run, outcomes, range(len(schedule)))
     fates = {prompt: expected_fate(actions, policy) for prompt, actions in enumerate(schedule)}
     exhausted = sum(1 for result, _ in fates.values() if result == "exhausted")
+    data_failed = sum(1 for result, _ in fates.values() if result == "data_failed")
+    spare = len(schedule) - batch_floor(policy, len(schedule))
     for outcome in outcomes:
         result, attempts = fates[outcome.prompt_id]
         if isinstance(outcome, Completed):
@@ -133,8 +140,20 @@ def test_every_prompt_ends_exactly_once_as_its_budgets_dictate(
             assert isinstance(outcome, Skipped)
             assert result == "exhausted"
         assert outcome.attempts == attempts + interrupted[outcome.prompt_id]
-    if exhausted > policy.max_skipped_prompts:
-        assert isinstance(error, RolloutRedispatchExhausted)
+    within = data_failed <= policy.max_skipped_prompts and data_failed + exhausted <= spare
+    if not within:
+        assert error is not None
+    if within and exhausted <= policy.max_consecutive_dropped_prompts:
+        assert error is None
+    if isinstance(error, RolloutDataFailure):
+        assert "max_skipped_prompts" in str(error)
+        assert run.stats.data_failed == policy.max_skipped_prompts < data_failed
+    elif isinstance(error, RolloutRedispatchExhausted):
+        assert "max_consecutive_dropped_prompts" in str(error)
+        assert policy.max_consecutive_dropped_prompts < exhausted
+    elif isinstance(error, RolloutBatchTooSmall):
+        assert "min_step_batch_fraction" in str(error)
+        assert run.stats.data_failed + run.stats.skipped == spare < data_failed + exhausted
     else:
         assert error is None
         assert len(outcomes) == len(schedule)

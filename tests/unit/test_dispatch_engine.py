@@ -47,6 +47,16 @@ from support.dispatch import (
 )
 
 FAST = DispatchPolicy(backoff_initial_seconds=0, backoff_max_seconds=0, healthy_wait_seconds=5)
+REPORTING = DispatchPolicy(
+    backoff_initial_seconds=0,
+    backoff_max_seconds=0,
+    healthy_wait_seconds=5,
+    max_skipped_prompts=1000,
+    max_consecutive_dropped_prompts=1000,
+    min_step_batch_fraction=0.01,
+)
+"""FAST, but every prompt given up on is reported and the run goes on while one prompt completes (the drop rules
+have their own tests; a run none of whose prompts completes always fails, as NeMo-RL's empty step does)."""
 
 
 def value(dispatcher: Dispatcher, name: str, **labels: str) -> float:
@@ -132,7 +142,7 @@ async def test_data_failure_is_retried_once_elsewhere_then_reported_with_reason_
             raise RolloutDataFailure("This model's maximum context length is 16 tokens. However, you requested 40")
         return prompt.upper()
 
-    policy = FAST.model_copy(update={"failure_ledger_path": ledger})
+    policy = REPORTING.model_copy(update={"failure_ledger_path": ledger})
     async with Dispatcher(StaticShardSource(make_shards("a", "b")), policy) as dispatcher:
         run = dispatcher.run(["ok", "too long", "fine"], rollout, prompt_ids=["p0", "p1", "p2"])
         outcomes = await collect(run)
@@ -162,26 +172,32 @@ async def test_terminal_data_failure_is_not_retried() -> None:
 
     async def rollout(shard: Shard, prompt: int) -> int:
         log.calls.append((prompt, shard.name))
+        if prompt == 0:
+            return prompt
         raise RolloutTerminalDataFailure("environment rejected the task: unknown tool")
 
-    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as dispatcher:
-        run = dispatcher.run([7], rollout)
-        [outcome] = await collect(run)
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), REPORTING) as dispatcher:
+        run = dispatcher.run([7, 0], rollout)
+        [outcome] = by_kind(await collect(run))["data_failed"]
     assert isinstance(outcome, DataFailed)
     assert outcome.attempts == 1
     assert "unknown tool" in outcome.reason
-    assert len(log.calls) == 1
+    assert len(log.shards_for(7)) == 1
 
 
 async def test_unknown_exception_is_data_and_never_a_result() -> None:
     async def rollout(shard: Shard, prompt: int) -> int:
+        if prompt == 0:
+            return prompt
         raise KeyError("reward")
 
-    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as dispatcher:
-        run = dispatcher.run([1, 2], rollout)
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), REPORTING) as dispatcher:
+        run = dispatcher.run([1, 2, 0], rollout)
         outcomes = await collect(run)
-    assert_accounted(run, outcomes, [0, 1])
-    assert all(isinstance(o, DataFailed) and o.failure_type == "KeyError" for o in outcomes)
+    assert_accounted(run, outcomes, [0, 1, 2])
+    failed = by_kind(outcomes)["data_failed"]
+    assert sorted(o.prompt_id for o in failed) == [0, 1]
+    assert all(isinstance(o, DataFailed) and o.failure_type == "KeyError" for o in failed)
 
 
 async def test_exhausted_infra_budget_raises_after_delivering_finished_outcomes() -> None:
@@ -204,14 +220,22 @@ async def test_exhausted_infra_budget_raises_after_delivering_finished_outcomes(
     assert value(dispatcher, "rollout_attempts_total", outcome="infra_failure") == 3
 
 
-async def test_skip_budget_reports_exhausted_prompts_as_skipped_and_the_run_continues(tmp_path: Path) -> None:
+async def test_drop_budget_reports_exhausted_prompts_as_skipped_and_the_run_continues(tmp_path: Path) -> None:
+    """Infra-exhausted prompts are allowed by max_consecutive_dropped_prompts (before issue 13: max_skipped_prompts,
+    which now counts data-failed prompts, as NeMo-RL's does)."""
+
     async def rollout(shard: Shard, prompt: int) -> int:
         if prompt in (1, 3):
             raise TimeoutError("read timed out")
         return prompt
 
     policy = FAST.model_copy(
-        update={"max_infra_attempts": 2, "max_skipped_prompts": 2, "failure_ledger_path": tmp_path / "l.jsonl"}
+        update={
+            "max_infra_attempts": 2,
+            "max_consecutive_dropped_prompts": 2,
+            "min_step_batch_fraction": 0.6,
+            "failure_ledger_path": tmp_path / "l.jsonl",
+        }
     )
     async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy) as dispatcher:
         run = dispatcher.run(range(5), rollout)
@@ -580,11 +604,13 @@ async def test_observer_sees_every_attempt() -> None:
 
 async def test_ledger_lines_are_json_with_the_documented_fields(tmp_path: Path) -> None:
     async def rollout(shard: Shard, prompt: str) -> str:
+        if prompt == "ok":
+            return prompt
         raise RolloutTerminalDataFailure("bad")
 
-    policy = FAST.model_copy(update={"failure_ledger_path": tmp_path / "f.jsonl"})
+    policy = REPORTING.model_copy(update={"failure_ledger_path": tmp_path / "f.jsonl"})
     async with Dispatcher(StaticShardSource(make_shards("a")), policy) as d:
-        await collect(d.run(["x" * 1000], rollout))
+        await collect(d.run(["x" * 1000, "ok"], rollout))
     line = (tmp_path / "f.jsonl").read_text().splitlines()[0]
     entry = json.loads(line)
     assert set(entry) == {
@@ -638,6 +664,8 @@ async def test_failures_inside_exception_groups_keep_their_meaning() -> None:
     calls: list[str] = []
 
     async def terminal(shard: Shard, prompt: int) -> None:
+        if prompt == 1:
+            return
         calls.append(shard.name)
         raise ExceptionGroup("episode", [RolloutTerminalDataFailure("no retries for this task")])
 
@@ -647,10 +675,11 @@ async def test_failures_inside_exception_groups_keep_their_meaning() -> None:
             raise ExceptionGroup("episode", [GymTransportError("environment server reset the connection")])
         return shard.name
 
-    async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
-        [outcome] = await collect(d.run([0], terminal))
+    async with Dispatcher(StaticShardSource(make_shards("a", "b")), REPORTING) as d:
+        [outcome] = by_kind(await collect(d.run([0, 1], terminal)))["data_failed"]
     assert isinstance(outcome, DataFailed)
     assert outcome.attempts == 1
+    assert len(calls) == 1
     calls.clear()
     async with Dispatcher(StaticShardSource(make_shards("a", "b")), FAST) as d:
         [outcome] = await collect(d.run([0], environment_down))

@@ -18,7 +18,7 @@ from fleet_operator.models import (
 from rollout_runtime.dispatch.policy import FLEET_POLICY, POLICY_RULES, DispatchPolicy
 from rollout_runtime.health import HealthState, ProbeSettings
 from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER, PROBE_RULES
-from rollout_runtime.schema import ClusterView, Comparison
+from rollout_runtime.schema import ClusterView, Comparison, Requirement, Rule
 
 
 def test_probe_defaults_follow_the_design() -> None:
@@ -104,7 +104,17 @@ def _breaking(rule: Comparison, right: float) -> tuple[float, float]:
     return broken, kept
 
 
-_RULES: list[tuple[tuple[str, ...], ClusterView, type[BaseModel], type[BaseModel], Comparison]] = [
+def _specs(rule: Rule, derived: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A spec that breaks ``rule`` and one on its boundary that keeps it."""
+    if isinstance(rule, Requirement):
+        broken_left = {">": rule.bound, ">=": rule.bound - 1, "<": rule.bound, "<=": rule.bound + 1}[rule.op]
+        return {rule.when: rule.equals, rule.left: broken_left}, {rule.when: rule.equals, rule.left: rule.bound}
+    right = float(derived.model_fields[rule.right].get_default())
+    broken, kept = _breaking(rule, right)
+    return {rule.left: broken, rule.right: right}, {rule.left: kept, rule.right: right}
+
+
+_RULES: list[tuple[tuple[str, ...], ClusterView, type[BaseModel], type[BaseModel], Rule]] = [
     *((("RolloutFleet",), FLEET_POLICY, DispatchPolicySpec, DispatchPolicy, rule) for rule in POLICY_RULES),
     *((("GenerationShard", "EnvironmentServer"), PROBE_IN_CLUSTER, ProbeSpec, ProbeSettings, r) for r in PROBE_RULES),
 ]
@@ -116,23 +126,22 @@ _RULES: list[tuple[tuple[str, ...], ClusterView, type[BaseModel], type[BaseModel
     ids=[f"{case[-1].left}{case[-1].op}{case[-1].right}" for case in _RULES],
 )
 def test_each_rule_is_one_cel_rule_and_one_validator_that_reject_the_same_specs(
-    kinds: tuple[str, ...], view: ClusterView, derived: type[BaseModel], runtime: type[BaseModel], rule: Comparison
+    kinds: tuple[str, ...], view: ClusterView, derived: type[BaseModel], runtime: type[BaseModel], rule: Rule
 ) -> None:
     """One rules list: the CRD carries the rule as CEL, and both pydantic models reject exactly what it rejects,
     the CRD model with the CEL message (e2e checks the API server's answer against the same text)."""
     for kind in kinds:
         assert rule.cel(scope=view.scope) in _cel_rules_at(kind, view.scope)
-    right = float(derived.model_fields[rule.right].get_default())
-    broken, kept = _breaking(rule, right)
+    broken, kept = _specs(rule, derived)
     messages = {
         derived: rule.message(name=to_camel),
-        runtime: rule.message(values={rule.left: broken, rule.right: right}),
+        runtime: rule.message(values={rule.left: broken[rule.left], rule.right: broken[rule.right]}),
     }
     for model, message in messages.items():
         with pytest.raises(ValidationError) as caught:
-            model.model_validate({rule.left: broken, rule.right: right})
+            model.model_validate(broken)
         assert message in str(caught.value)
-        model.model_validate({rule.left: kept, rule.right: right})
+        model.model_validate(kept)
 
 
 def test_an_endpoint_with_credentials_is_refused() -> None:

@@ -13,6 +13,7 @@ from rollout_runtime.dispatch.budget import (
     decide,
 )
 from rollout_runtime.dispatch.clock import Clock, LoopClock
+from rollout_runtime.dispatch.drops import DropCounts, DropDecision, batch_floor, decide_drop
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker, max_ejectable
 from rollout_runtime.dispatch.engine import Dispatcher, DispatchRun, Rollout
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry
@@ -48,6 +49,8 @@ __all__ = [
     "DispatchRun",
     "DispatchSession",
     "Dispatcher",
+    "DropCounts",
+    "DropDecision",
     "Ejection",
     "EjectionTracker",
     "ExhaustedDecision",
@@ -70,7 +73,9 @@ __all__ = [
     "StallVerdict",
     "StallWatchdog",
     "backoff_seconds",
+    "batch_floor",
     "decide",
+    "decide_drop",
     "max_ejectable",
     "pick_shard",
     "report_progress",

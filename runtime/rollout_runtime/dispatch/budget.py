@@ -54,7 +54,7 @@ class DataFailedDecision:
 
 @dataclass(frozen=True, slots=True)
 class ExhaustedDecision:
-    """Stop: the prompt used up its infra budget (skip it, or end the run, per ``max_skipped_prompts``)."""
+    """Stop: the prompt used up its infra budget (skip it, or end the run: :mod:`drops` decides)."""
 
 
 Decision = RetryDecision | DataFailedDecision | ExhaustedDecision

@@ -4,7 +4,8 @@ The loop, per prompt: pick a routable shard (healthy set minus ejected, weighted
 the shard that just failed it) -> run ``rollout(shard, prompt)`` -> on success commit; on failure read it once
 (:func:`diagnose`: class, type, whether it blames the shard, whether it is terminal, reason) and let the budgets
 decide: retry (infra: after backoff, elsewhere; data: at once, elsewhere), data-failed (reported, written to the
-ledger), or exhausted (skipped, or the run raises :class:`RolloutRedispatchExhausted`). Workers
+ledger), or exhausted (skipped); whether a prompt given up on is reported, replaced from the run's reserve or ends
+the run is :mod:`drops`' decision (NeMo-RL's ``max_skipped_prompts`` and companions). Workers
 (``max_concurrency`` of them) pull prompts from a ready queue; prompts waiting out a backoff sit on a timer, not
 on a worker.
 
@@ -54,6 +55,7 @@ from rollout_runtime.dispatch.budget import (
 )
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
+from rollout_runtime.dispatch.drops import DropCounts, DropKind, FailRun, ReplaceDecision, decide_drop
 from rollout_runtime.dispatch.ejection import Ejection, EjectionTracker
 from rollout_runtime.dispatch.ledger import FailureLedger, LedgerEntry, preview, stale_by_version
 from rollout_runtime.dispatch.outcomes import (
@@ -79,6 +81,8 @@ from rollout_runtime.failures import (
     Diagnosis,
     FailureClass,
     NoHealthyShards,
+    RolloutBatchTooSmall,
+    RolloutDataFailure,
     RolloutFleetMisconfigured,
     RolloutRedispatchExhausted,
     RolloutStall,
@@ -133,6 +137,8 @@ class _PromptState:
     longer counts against the prompt."""
     stale_versions: dict[int | None, int] = field(default_factory=dict)
     """Answers not committed because of their weights (stale attempts), by the version they came from."""
+    position: int = 0
+    """The batch position it fills: its own index, or for a replacement the position of the prompt it replaces."""
 
 
 class _ReadyQueue(asyncio.Queue["_PromptState | None"]):
@@ -166,6 +172,32 @@ class _ReadyQueue(asyncio.Queue["_PromptState | None"]):
 
 class _End:
     pass
+
+
+def _reserve_ids(
+    policy: DispatchPolicy,
+    size: int,
+    spares: Sequence[Any],
+    prompt_ids: Sequence[PromptId] | None,
+    reserve_ids: Sequence[PromptId] | None,
+) -> Sequence[PromptId]:
+    """The reserve's prompt ids, after checking the reserve against the policy (a clear error for each misuse)."""
+    if policy.on_dropped_prompt != "replace":
+        if spares:
+            raise ValueError("a reserve is drawn on only with on_dropped_prompt='replace'; set it, or pass no reserve")
+        return ()
+    if len(spares) < policy.replacement_reserve_prompts:
+        raise ValueError(
+            f"on_dropped_prompt='replace' needs a reserve of at least replacement_reserve_prompts="
+            f"{policy.replacement_reserve_prompts} prompt(s), got {len(spares)}: pass reserve=[...] to run()"
+        )
+    if reserve_ids is None:
+        if prompt_ids is not None:
+            raise ValueError("with prompt_ids, also pass reserve_ids (one per reserve prompt)")
+        return range(size, size + len(spares))
+    if len(reserve_ids) != len(spares):
+        raise ValueError(f"got {len(reserve_ids)} reserve_ids for {len(spares)} reserve prompts")
+    return reserve_ids
 
 
 _END = _End()
@@ -344,11 +376,26 @@ class DispatchRun(Generic[P, R]):
     and runs the attempts.
     """
 
-    def __init__(self, dispatcher: Dispatcher, states: list[_PromptState], rollout: Rollout[P, R]) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        states: list[_PromptState],
+        rollout: Rollout[P, R],
+        reserve: Iterable[tuple[PromptId, P]] = (),
+    ) -> None:
         self._dispatcher = dispatcher
         self.states = states
         self.rollout = rollout
         self.stats = RunStats(submitted=len(states))
+        self.size = len(states)
+        """The batch size: the prompts the run was given (replacements refill positions, they add none)."""
+        self.reserve: collections.deque[tuple[PromptId, P]] = collections.deque(reserve)
+        self.lost = 0
+        """Batch positions given up on and not refilled."""
+        self.replaced: collections.Counter[int] = collections.Counter()
+        """Replacements drawn per batch position."""
+        self.drop_rules = True
+        """Whether NeMo-RL's drop allowances apply (a training step); see :meth:`Dispatcher.run`."""
         observer = dispatcher._emit if dispatcher._observer is not None else None
         self.accounts = _Accounts(self.stats, dispatcher.metrics, dispatcher.clock, observer, dispatcher._ledger)
         self.ready: asyncio.Queue[_PromptState | None] = _ReadyQueue()
@@ -457,6 +504,17 @@ class DispatchRun(Generic[P, R]):
             self.outcomes.put_nowait(_END)
             for _ in self.workers:
                 self.ready.put_nowait(None)
+
+    def replace(self, state: _PromptState) -> None:
+        """Submit the next reserve prompt in ``state``'s batch position (before ``state``'s outcome, so the run
+        cannot end in between)."""
+        prompt_id, prompt = self.reserve.popleft()
+        self.replaced[state.position] += 1
+        fresh = _PromptState(prompt_id=prompt_id, prompt=prompt, position=state.position)
+        self.states.append(fresh)
+        self.stats.submitted += 1
+        log.info("prompt %s replaces prompt %s in batch position %d", prompt_id, state.prompt_id, state.position)
+        self.ready.put_nowait(fresh)
 
     def requeue(self, state: _PromptState, delay: float) -> None:
         """Send the prompt back for another attempt, after ``delay`` seconds on a loop timer (not on a worker)."""
@@ -595,6 +653,8 @@ class Dispatcher:
         )
         self._evidence = blame.Evidence()
         self._shares = Shares()
+        self.drops = DropCounts()
+        """Prompts given up on over every run (``max_skipped_prompts``, ``max_consecutive_dropped_prompts``)."""
         self._slots: dict[str, _Slot] = {}
         self._timings: dict[str, ShardTimings] = {}
         self._routable: list[_Slot] = []
@@ -680,18 +740,36 @@ class Dispatcher:
         rollout: Rollout[P, R],
         *,
         prompt_ids: Sequence[PromptId] | None = None,
+        reserve: Iterable[P] = (),
+        reserve_ids: Sequence[PromptId] | None = None,
+        drop_rules: bool = True,
     ) -> DispatchRun[P, R]:
-        """Start dispatching ``prompts`` (ids: their positions, or ``prompt_ids``) when first iterated."""
+        """Start dispatching ``prompts`` (ids: their positions, or ``prompt_ids``) when first iterated.
+
+        ``drop_rules=False``: the prompts are independent requests, not a training step (the router's requests, an
+        environment pool's episodes): a prompt given up on is only reported, and NeMo-RL's drop allowances
+        (``max_skipped_prompts``, ``max_consecutive_dropped_prompts``, ``min_step_batch_fraction``) neither count
+        it nor end the run for it.
+
+        ``reserve``: spare prompts for ``on_dropped_prompt="replace"`` (at least ``replacement_reserve_prompts``):
+        a prompt given up on is reported as usual and the next reserve prompt takes its batch position, so the run
+        still yields up to ``len(prompts)`` completions. A reserve prompt is submitted (and accounted for) only when
+        drawn; their ids continue the positions (``len(prompts)``, ...) or are ``reserve_ids``.
+        """
         if not self._entered or self._follower is None:
             raise RuntimeError("use the Dispatcher as `async with Dispatcher(...) as dispatcher:` before run()")
-        items = list(prompts)
+        items, spares = list(prompts), list(reserve)
         ids: Sequence[PromptId] = range(len(items)) if prompt_ids is None else prompt_ids
         if len(ids) != len(items):
             raise ValueError(f"got {len(ids)} prompt_ids for {len(items)} prompts")
-        if len(set(ids)) != len(ids):
-            raise ValueError("prompt_ids must be unique: each prompt is accounted for exactly once")
-        states = [_PromptState(prompt_id=i, prompt=p) for i, p in zip(ids, items, strict=True)]
-        run: DispatchRun[P, R] = DispatchRun(self, states, rollout)
+        spare_ids = _reserve_ids(self.policy, len(items), spares, prompt_ids, reserve_ids)
+        if len(set(ids) | set(spare_ids)) != len(ids) + len(spare_ids):
+            raise ValueError("prompt_ids and reserve_ids must be unique: each prompt is accounted for exactly once")
+        states = [
+            _PromptState(prompt_id=i, prompt=p, position=n) for n, (i, p) in enumerate(zip(ids, items, strict=True))
+        ]
+        run: DispatchRun[P, R] = DispatchRun(self, states, rollout, zip(spare_ids, spares, strict=True))
+        run.drop_rules = drop_rules
         self._runs.add(run)
         return run
 
@@ -883,6 +961,7 @@ class Dispatcher:
                 self._completions.attempt_succeeded(shard)
             attempts = state.budget.attempts + 1
             accounts.committed(verdict)
+            self.drops.committed()
             completed = Completed(state.prompt_id, state.prompt, result, attempts, shard, verdict.version)
             run.finish(state, completed)
 
@@ -1074,7 +1153,7 @@ class Dispatcher:
             run.fail(error)
             return
         if kind is blame.Blame.POISON:
-            self._data_failed(run, state, diagnosis, f"{verdict.evidence}; {diagnosis.reason}")
+            self._data_failed(run, state, diagnosis, f"{verdict.evidence}; {diagnosis.reason}", exc=exc)
             return
         if slot is not None and kind is blame.Blame.BACKPRESSURE:
             slot.weight = slot.shard.weight * self._shares.busy(slot.name)
@@ -1097,13 +1176,13 @@ class Dispatcher:
             failure_class = FailureClass.INFRA
             decision = decide(self.policy, state.budget, failure_class, draw=draw)
         if isinstance(decision, DataFailedDecision):
-            self._data_failed(run, state, diagnosis)
+            self._data_failed(run, state, diagnosis, exc=exc)
         elif isinstance(decision, ExhaustedDecision) and self._evidence.followed(state.prompt_id, sig):
             # Every shard it went to gave the same non-transient answer and the fleet is not misconfigured: the prompt
             # is the common factor, even before those shards had served others.
             shards = ", ".join(sorted(set(state.tried)))
             self._data_failed(
-                run, state, diagnosis, f"poison prompt: the same answer on shards {shards}; {diagnosis.reason}"
+                run, state, diagnosis, f"poison prompt: the same answer on shards {shards}; {diagnosis.reason}", exc=exc
             )
         elif isinstance(decision, ExhaustedDecision):
             self._exhausted(run, state, exc, diagnosis)
@@ -1144,12 +1223,19 @@ class Dispatcher:
         run.fail(error)
 
     def _data_failed(
-        self, run: DispatchRun[Any, Any], state: _PromptState, diagnosis: Diagnosis, reason: str | None = None
+        self,
+        run: DispatchRun[Any, Any],
+        state: _PromptState,
+        diagnosis: Diagnosis,
+        reason: str | None = None,
+        *,
+        exc: BaseException | None = None,
     ) -> None:
         kind, reason = diagnosis.failure_type, reason or diagnosis.reason
         attempts, shards = state.budget.attempts, tuple(state.tried)
         self._evidence.forget(state.prompt_id)
-        run.finish(state, DataFailed(state.prompt_id, state.prompt, FailureClass.DATA, kind, reason, attempts, shards))
+        outcome = DataFailed(state.prompt_id, state.prompt, FailureClass.DATA, kind, reason, attempts, shards)
+        self._give_up(run, state, "data", outcome, exc)
 
     def _exhausted(
         self, run: DispatchRun[Any, Any], state: _PromptState, exc: BaseException, diagnosis: Diagnosis
@@ -1157,16 +1243,56 @@ class Dispatcher:
         run.accounts.exhausted()
         self._evidence.forget(state.prompt_id)
         reason, attempts, shards = diagnosis.reason, state.budget.attempts, tuple(state.tried)
-        if run.stats.skipped < self.policy.max_skipped_prompts:
-            run.finish(state, Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards))
+        outcome = Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards)
+        self._give_up(run, state, "infra", outcome, exc)
+
+    def _give_up(
+        self,
+        run: DispatchRun[Any, Any],
+        state: _PromptState,
+        kind: DropKind,
+        outcome: DataFailed[Any] | Skipped[Any],
+        exc: BaseException | None,
+    ) -> None:
+        """A budget ran out: report the prompt (and refill its batch position), or end the run (see ``drops``)."""
+        if not run.drop_rules:
+            run.finish(state, outcome)  # an independent request: its outcome is the whole answer
             return
-        error = RolloutRedispatchExhausted(
-            f"prompt {state.prompt_id!r} failed {state.budget.infra_failures} infra attempt(s) on shards "
-            f"{list(shards)}; last: {reason}"
+        decision = decide_drop(
+            self.policy,
+            self.drops,
+            kind,
+            size=run.size,
+            lost=run.lost,
+            replaced=run.replaced[state.position],
+            reserve_left=len(run.reserve),
         )
-        error.__cause__ = exc
-        log.error("%s", error)
-        run.fail(error)
+        if isinstance(decision, FailRun):
+            if kind == "infra":
+                what = f"failed {state.budget.infra_failures} infra attempt(s) on shards {list(outcome.shards)}"
+            else:
+                what = f"data-failed after {outcome.attempts} attempt(s)"
+            text = f"prompt {state.prompt_id!r} {what}; last: {outcome.reason}; {decision.message}"
+            error: Exception
+            if decision.rule == "max_skipped_prompts":
+                error = RolloutDataFailure(text)
+            elif decision.rule == "max_consecutive_dropped_prompts":
+                error = RolloutRedispatchExhausted(text)
+            else:
+                error = RolloutBatchTooSmall(text)
+            error.__cause__ = exc
+            log.error("%s", error)
+            run.fail(error)
+            return
+        if kind == "data":
+            self.drops.skipped_prompts += 1
+        else:
+            self.drops.consecutive_dropped_prompts += 1
+        if isinstance(decision, ReplaceDecision):
+            run.replace(state)
+        else:
+            run.lost += 1
+        run.finish(state, outcome)
 
     # -- health: the source, ejection, eviction --------------------------------------------------------------
 

@@ -76,7 +76,8 @@ Outcome = Completed[P, R] | DataFailed[P] | Skipped[P]
 class RunStats:
     """Counters of one run. Invariant once it ends: ``submitted == completed + data_failed + skipped + aborted``.
 
-    ``aborted`` counts prompts that were unfinished when the run raised (or was closed early).
+    ``aborted`` counts prompts that were unfinished when the run raised (or was closed early). ``submitted`` counts
+    the run's prompts and the reserve prompts it drew (``on_dropped_prompt="replace"``); undrawn ones are not the run's.
     """
 
     submitted: int = 0

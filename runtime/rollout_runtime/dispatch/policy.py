@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from rollout_runtime.schema import ClusterView, Comparison, rules_validator
+from rollout_runtime.schema import ClusterView, Comparison, Requirement, Rule, rules_validator
 
 __all__ = ["FLEET_POLICY", "POLICY_RULES", "DispatchPolicy"]
 
@@ -24,7 +24,7 @@ __all__ = ["FLEET_POLICY", "POLICY_RULES", "DispatchPolicy"]
 _Seconds = Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)]
 _PositiveSeconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
-POLICY_RULES: Final[tuple[Comparison, ...]] = (
+POLICY_RULES: Final[tuple[Rule, ...]] = (
     Comparison(
         "stall_deadline_seconds",
         ">",
@@ -35,6 +35,22 @@ POLICY_RULES: Final[tuple[Comparison, ...]] = (
     Comparison("backoff_max_seconds", ">=", "backoff_initial_seconds"),
     Comparison("ejection_max_seconds", ">=", "ejection_base_seconds"),
     Comparison("progress_cap_seconds", ">=", "progress_floor_seconds"),
+    Requirement(
+        "on_dropped_prompt",
+        "replace",
+        "max_replacement_attempts",
+        ">=",
+        1,
+        "or no replacement is ever dispatched, which is on_dropped_prompt='shrink'",
+    ),
+    Requirement(
+        "on_dropped_prompt",
+        "replace",
+        "replacement_reserve_prompts",
+        ">=",
+        1,
+        "or a run may be started with no reserve, and every replacement falls back to shrinking",
+    ),
 )
 """The cross-field rules: checked at construction here and, as CEL, by the API server on a RolloutFleet."""
 
@@ -69,7 +85,21 @@ class DispatchPolicy(BaseModel):
     max_concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     """Attempts in flight at once across all shards; unset means every prompt of a run at once."""
     max_skipped_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-    """Prompts whose infra budget may run out (reported as skipped) before the run raises instead."""
+    """Prompts whose data budget may run out (reported as DataFailed) over the dispatcher's lifetime before the run
+    raises RolloutDataFailure; 0 fails on the first one (NeMo-RL's name and default: a dataset does not get better)."""
+    max_consecutive_dropped_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """Prompts in a row whose infra budget may run out (reported as Skipped) before the run raises
+    RolloutRedispatchExhausted; any completed prompt resets the count, so this bounds an outage, not the run."""
+    min_step_batch_fraction: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9
+    """A run (one training step) of N prompts fails with RolloutBatchTooSmall as soon as fewer than
+    ceil(fraction * N) of them can still complete: the drop budgets span runs and cannot bound how short one gets."""
+    on_dropped_prompt: Literal["shrink", "replace"] = "shrink"
+    """What a prompt given up on (DataFailed or Skipped) costs its run: one fewer result (shrink), or a prompt from
+    the run's reserve in its place (replace; see Dispatcher.run), falling back to shrink when none is left."""
+    max_replacement_attempts: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Reserve prompts one batch position may draw in turn before it shrinks; read only with replace."""
+    replacement_reserve_prompts: Annotated[int, Field(ge=0, le=1_000_000)] = 1
+    """Fewest reserve prompts a run must be given with replace (Dispatcher.run raises otherwise)."""
     healthy_wait_seconds: _Seconds = 30.0
     """How long an attempt waits for an eligible shard before failing with NoHealthyShards (infra)."""
 

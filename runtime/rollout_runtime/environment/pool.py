@@ -113,7 +113,7 @@ class EnvironmentPool:
     ) -> DispatchRun[Episode[R], R]:
         """Dispatch episodes; outcomes (Completed with the reply, DataFailed, Skipped) are keyed by episode id."""
         episodes = [Episode(_payload(request), response_model) for request in requests]
-        return self.dispatcher.run(episodes, self._attempt, prompt_ids=[e.affinity for e in episodes])
+        return self.dispatcher.run(episodes, self._attempt, prompt_ids=[e.affinity for e in episodes], drop_rules=False)
 
     async def run_episode(self, request: BaseModel | Mapping[str, Any], response_model: type[R]) -> R:
         """One episode to its end; its reply, or the taxonomy failure it ended with."""

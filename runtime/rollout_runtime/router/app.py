@@ -172,7 +172,7 @@ class Router:
         stream's attempt hands the client its bytes itself; once it broke, its answer is fixed, so the run (and
         any retry it scheduled) is closed at once instead of awaited.
         """
-        run = self.dispatcher.run([forward], self._attempt)
+        run = self.dispatcher.run([forward], self._attempt, drop_rules=False)
         async with run:
             outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
             waiters: set[asyncio.Future[Any]] = {outcome}

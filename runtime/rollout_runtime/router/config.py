@@ -49,6 +49,5 @@ class RouterConfig(BaseModel):
             max_data_attempts=1,
             backoff_initial_seconds=0.02,
             backoff_max_seconds=0.5,
-            max_skipped_prompts=1,
             healthy_wait_seconds=self.healthy_wait_seconds,
         )
