@@ -23,7 +23,7 @@ PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "su
 OPERATOR_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": ["rolloutfleet.dev"],
-        "resources": ["generationshards", "environmentservers", "rolloutfleets"],
+        "resources": ["generationshards", "environmentservers", "rolloutfleets", "policyversions"],
         "verbs": ["list", "watch"],
     },
     {
