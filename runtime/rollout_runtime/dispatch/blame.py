@@ -11,7 +11,8 @@ HTTP status, normalised reason) follows:
   Unauthorized: check the API key"). Transient statuses (502, 503, 504, 408, 425, 429) never qualify: an outage is
   what the infra budget and the healthy wait are for;
 - **poison prompt**: the signature follows one prompt across at least two distinct shards, each of which has
-  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it;
+  completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. Transient statuses
+  never qualify here either: two shards overloaded at once say nothing about the prompt;
 - **sick shard**: the signature follows one shard across at least two distinct prompts since its last success, and
   another shard has served a prompt this one failed that way: eject it, and a data charge it made to a prompt no
   longer counts (it never data-fails those prompts). Two poison prompts on one healthy shard are served nowhere, so
@@ -211,7 +212,7 @@ def judge(
             f"last: {diagnosis.reason})",
         )
     serving = [name for name in sorted(on_shards) if evidence.successes.get(name, 0) > 0]
-    if len(serving) >= _CONFIRMATIONS:
+    if len(serving) >= _CONFIRMATIONS and status not in _TRANSIENT:  # two overloaded shards are not a bad prompt
         return Verdict(
             Blame.POISON,
             f"poison prompt: the same failure (HTTP {status}) on {len(serving)} shards ({', '.join(serving)}) that "

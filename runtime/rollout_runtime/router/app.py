@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -140,6 +141,10 @@ class Router:
         )
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
+        self._request_ids = itertools.count()
+        """Each request is its own prompt to the dispatcher's blame evidence, which is keyed by prompt id: shared ids
+        would pool unrelated requests' failures (two 503s on two shards read as one poison prompt) and hide a sick
+        shard (its failures would never be on two distinct prompts)."""
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
@@ -172,7 +177,7 @@ class Router:
         stream's attempt hands the client its bytes itself; once it broke, its answer is fixed, so the run (and
         any retry it scheduled) is closed at once instead of awaited.
         """
-        run = self.dispatcher.run([forward], self._attempt)
+        run = self.dispatcher.run([forward], self._attempt, prompt_ids=[next(self._request_ids)])
         async with run:
             outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
             waiters: set[asyncio.Future[Any]] = {outcome}

@@ -1,0 +1,67 @@
+"""The router's requests through the dispatcher, in process (``Router`` + ``serve_router``) over real sim shards.
+
+In process so the test can read the dispatcher's own events (which prompt each attempt belonged to, ejections) and
+drive the weights tracker the way a trainer does; the shards are real ``sim-shard`` subprocesses on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
+from rollout_runtime.router import SHARD_HEADER, Router, RouterServer, serve_router
+from rollout_runtime.shards import StaticShardSource
+from rollout_runtime.shards.model import ShardSource
+from rollout_runtime.sim import SimFleet
+from support.deadlines import within
+
+COMPLETION = {"model": "sim-model", "prompt": "What is 2 + 3?", "max_tokens": 4}
+
+
+@dataclass
+class Events:
+    attempts: list[AttemptEnded] = field(default_factory=list)
+    ejected: list[str] = field(default_factory=list)
+
+    def observe(self, event: DispatchEvent) -> None:
+        if isinstance(event, AttemptEnded):
+            self.attempts.append(event)
+        elif isinstance(event, ShardEjected):
+            self.ejected.append(event.shard)
+
+
+@contextlib.asynccontextmanager
+async def routing(source: ShardSource, events: Events, shards: int) -> AsyncIterator[tuple[Router, RouterServer]]:
+    async with Router(source, observer=events.observe) as router, serve_router(router) as server:
+        await within(router.dispatcher.wait_ready(shards), f"{shards} routable shard(s)")
+        yield router, server
+
+
+async def test_each_request_is_its_own_prompt_so_a_shard_failing_every_request_is_ejected() -> None:
+    """Regression: every request was prompt 0 to the dispatcher, so blame pooled unrelated requests' failures (503s
+    from two shards for two requests read as one poison prompt: the client got a 502) and never saw one shard fail
+    two distinct prompts (a shard answering 503 to everything was never ejected, and kept wasting attempts)."""
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        sick, well = fleet.names
+        await fleet.set_faults(sick, fail_next=1000, error_status=503)  # /health stays 200: only traffic tells
+        async with routing(StaticShardSource(fleet.shards), events, 2) as (_, server):
+            statuses, served_by = [], []
+            for _ in range(20):
+                async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                    statuses.append(response.status)
+                    served_by.append(response.headers.get(SHARD_HEADER))
+                if events.ejected:
+                    break
+        sick_stats = await fleet.stats(sick)
+
+    assert sick_stats.get("errors_503", 0) >= 2, "the 503s did not hit the sick shard twice"
+    assert statuses == [200] * len(statuses), statuses
+    assert set(served_by) == {well}
+    assert events.ejected == [sick], f"the sick shard was not ejected after {len(statuses)} requests"
+    prompts = {event.prompt_id for event in events.attempts}
+    assert len(prompts) == len(statuses), f"{len(statuses)} requests were {len(prompts)} prompt(s) to the dispatcher"
