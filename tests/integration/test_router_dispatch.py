@@ -7,18 +7,22 @@ drive the weights tracker the way a trainer does; the shards are real ``sim-shar
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
-from rollout_runtime.router import SHARD_HEADER, Router, RouterServer, serve_router
-from rollout_runtime.shards import StaticShardSource
+from rollout_runtime.health import ProbeSettings
+from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterServer, serve_router
+from rollout_runtime.shards import LocalShardSource, StaticShardSource
 from rollout_runtime.shards.model import ShardSource
 from rollout_runtime.sim import SimFleet
+from rollout_runtime.weights import SGLangWeightVersion
 from support.deadlines import within
 
+PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
 COMPLETION = {"model": "sim-model", "prompt": "What is 2 + 3?", "max_tokens": 4}
 
 
@@ -65,3 +69,47 @@ async def test_each_request_is_its_own_prompt_so_a_shard_failing_every_request_i
     assert events.ejected == [sick], f"the sick shard was not ejected after {len(statuses)} requests"
     prompts = {event.prompt_id for event in events.attempts}
     assert len(prompts) == len(statuses), f"{len(statuses)} requests were {len(prompts)} prompt(s) to the dispatcher"
+
+
+async def _refit(fleet: SimFleet, source: LocalShardSource, http: aiohttp.ClientSession, version: int) -> None:
+    async def update(name: str) -> None:
+        body = {"model_path": f"/ckpt/step-{version}", "weight_version": str(version)}
+        async with http.post(f"{fleet.shard(name).endpoint}/update_weights_from_disk", json=body) as response:
+            assert response.status == 200, await response.text()
+
+    await source.weights.publish(version)
+    assert await within(source.weights.refit_all(version, update), f"the refit to {version}") == {}
+
+
+async def _shard_version(fleet: SimFleet, http: aiohttp.ClientSession, name: str) -> str:
+    async with http.get(f"{fleet.shard(name).endpoint}/weight_version") as response:
+        return str((await response.json())["weight_version"])
+
+
+async def test_the_weights_version_header_is_the_dispatchers_for_answers_and_streams() -> None:
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        source = LocalShardSource(fleet.shards, PROBES, identity=SGLangWeightVersion())
+        async with routing(source, events, 2) as (router, server):
+            seen: dict[int, list[tuple[str, str, str]]] = {}
+            for version in (1, 2):
+                await _refit(fleet, source, http, version)
+                await within(router.dispatcher.wait_ready(2), f"both shards routable at version {version}")
+                for stream in (False, True):
+                    body = {**COMPLETION, "stream": stream}
+                    async with http.post(server.url + "/v1/completions", json=body) as response:
+                        text = await within(response.text(), f"the answer (stream={stream})")
+                        assert response.status == 200, text
+                        shard, header = response.headers[SHARD_HEADER], response.headers[WEIGHTS_HEADER]
+                    if stream:
+                        assert text.rstrip().endswith("data: [DONE]"), text
+                    else:
+                        assert json.loads(text)["choices"], text
+                    shard_says = await within(_shard_version(fleet, http, shard), f"{shard}'s own version")
+                    seen.setdefault(version, []).append((header, shard_says, shard))
+
+    for version, answers in seen.items():
+        assert len(answers) == 2  # one answer, one stream
+        for header, shard_says, shard in answers:
+            assert header == str(version), f"{shard} answered with header {header} at version {version}"
+            assert shard_says == str(version), f"{shard} itself serves {shard_says}"

@@ -70,6 +70,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
 _MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
+_STREAM: Final = web.RequestKey("router_stream", web.StreamResponse)
+"""The client's stream response, once a shard's first byte committed it (a typed key: aiohttp warns on a string)."""
 _SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -275,7 +277,7 @@ class Router:
             headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
             response = web.StreamResponse(headers=headers)
             await response.prepare(request)
-            request["router_stream"] = response
+            request[_STREAM] = response
             return response.write
 
         return open_stream
@@ -311,7 +313,7 @@ class Router:
         self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | None
     ) -> web.StreamResponse:
         relay = forward.relay
-        stream: web.StreamResponse | None = request.get("router_stream")
+        stream: web.StreamResponse | None = request.get(_STREAM)
         if relay is not None and stream is not None:  # committed: the client has the headers and some bytes
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
