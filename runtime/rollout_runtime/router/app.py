@@ -181,6 +181,8 @@ class Router:
         """
         run = self.dispatcher.run([forward], self._attempt, prompt_ids=[next(self._request_ids)])
         async with run:
+            if forward.relay is None:  # nothing reaches the client before the outcome: no second waiter needed
+                return await anext(run)
             outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
             waiters: set[asyncio.Future[Any]] = {outcome}
             ended: asyncio.Future[Any] | None = None
