@@ -89,12 +89,13 @@ def test_a_failure_that_follows_one_prompt_across_serving_shards_is_a_poison_pro
     assert fail(evidence, 5, "b", diag(500, "bad request")) is Blame.POISON
 
 
-def test_two_shards_bursting_503_at_once_do_not_convict_a_prompt() -> None:
+def test_transient_statuses_on_serving_shards_never_make_a_prompt_poison() -> None:
+    """Two shards overloaded at once (503 bursts) told one prompt "not now": that prompt is not bad; it is retried."""
     evidence = Evidence()
     for shard in SHARDS:
         evidence.succeeded(shard, f"other-{shard}")
-    fail(evidence, 5, "a", diag(503, "injected fault"))
-    assert fail(evidence, 5, "b", diag(503, "injected fault")) is not Blame.POISON
+    for status in (408, 425, 502, 503, 504):
+        assert [fail(evidence, status, shard, diag(status)) for shard in SHARDS] == [Blame.FIRST_VERDICT] * 4
 
 
 def test_shards_that_never_served_anything_do_not_convict_a_prompt() -> None:

@@ -42,3 +42,10 @@ def test_the_router_relays_a_shards_4xx_at_once_and_answers_an_exhausted_request
     assert policy.max_data_attempts == 1
     assert policy.max_infra_attempts == 4
     assert policy.max_skipped_prompts >= 1
+
+
+def test_the_router_may_eject_every_failing_shard_by_default() -> None:
+    """Its clients send each request once: shards held back from ejection by the dispatcher's 50 % cap burn the
+    request's attempts (bench/failover.py lost prompts to it); the dispatcher's panic mode still routes to all."""
+    assert RouterConfig().dispatch_policy().max_ejection_percent == 100
+    assert RouterConfig(max_ejection_percent=50).dispatch_policy().max_ejection_percent == 50

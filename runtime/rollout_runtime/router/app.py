@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -69,6 +70,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
 _MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
+_STREAM: Final = web.RequestKey("router_stream", web.StreamResponse)
+"""The client's stream response, once a shard's first byte committed it (a typed key: aiohttp warns on a string)."""
 _SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -140,6 +143,10 @@ class Router:
         )
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
+        self._request_ids = itertools.count()
+        """Each request is its own prompt to the dispatcher's blame evidence, which is keyed by prompt id: shared ids
+        would pool unrelated requests' failures (two 503s on two shards read as one poison prompt) and hide a sick
+        shard (its failures would never be on two distinct prompts)."""
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
@@ -172,8 +179,10 @@ class Router:
         stream's attempt hands the client its bytes itself; once it broke, its answer is fixed, so the run (and
         any retry it scheduled) is closed at once instead of awaited.
         """
-        run = self.dispatcher.run([forward], self._attempt, drop_rules=False)
+        run = self.dispatcher.run([forward], self._attempt, prompt_ids=[next(self._request_ids)], drop_rules=False)
         async with run:
+            if forward.relay is None:  # nothing reaches the client before the outcome: no second waiter needed
+                return await anext(run)
             outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
             waiters: set[asyncio.Future[Any]] = {outcome}
             ended: asyncio.Future[Any] | None = None
@@ -270,7 +279,7 @@ class Router:
             headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
             response = web.StreamResponse(headers=headers)
             await response.prepare(request)
-            request["router_stream"] = response
+            request[_STREAM] = response
             return response.write
 
         return open_stream
@@ -306,7 +315,7 @@ class Router:
         self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | None
     ) -> web.StreamResponse:
         relay = forward.relay
-        stream: web.StreamResponse | None = request.get("router_stream")
+        stream: web.StreamResponse | None = request.get(_STREAM)
         if relay is not None and stream is not None:  # committed: the client has the headers and some bytes
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"

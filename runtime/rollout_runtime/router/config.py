@@ -36,6 +36,10 @@ class RouterConfig(BaseModel):
     """Shards one request may try (infra failures) before the router answers 502."""
     healthy_wait_seconds: Annotated[float, Field(ge=0, le=600)] = 2.0
     """How long a retry waits for a routable shard before the request fails."""
+    max_ejection_percent: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 100.0
+    """Share of the healthy shards passive ejection may take out at once. 100, not the dispatcher's 50: a router's
+    client sends each request once, so a request that runs out of attempts on shards known to be failing is lost;
+    with every shard ejected the dispatcher still routes to all of them (panic mode), never to none."""
     affinity_header: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")] = (
         DEFAULT_AFFINITY_HEADER
     )
@@ -50,4 +54,5 @@ class RouterConfig(BaseModel):
             backoff_initial_seconds=0.02,
             backoff_max_seconds=0.5,
             healthy_wait_seconds=self.healthy_wait_seconds,
+            max_ejection_percent=self.max_ejection_percent,
         )

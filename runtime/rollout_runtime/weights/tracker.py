@@ -84,6 +84,8 @@ class WeightsTracker:
         self._policy_version: int | None = None
         self._session = session
         self._owned_session: aiohttp.ClientSession | None = None
+        self._refits: dict[str, int] = {}
+        """Refits begun per shard: an identity read that a refit began during may predate the update."""
 
     # -- what the dispatcher reads (WeightsView) ------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class WeightsTracker:
                 f"refit to version {version} but the published policy version is {self._policy_version}:"
                 " call publish(version) first"
             )
+        self._refits[shard] = self._refits.get(shard, 0) + 1
         await self._host.change_state(shard, HealthState.begin_refit)
         try:
             yield
@@ -201,14 +204,16 @@ class WeightsTracker:
     async def poll(self) -> list[tuple[str, Transition]]:
         """Read every shard's identity once (concurrently) and feed it; return the transitions it caused.
 
-        A shard being refit is skipped: its identity moves during the update, and the refit records the new one.
+        A shard being refit is skipped: its identity moves during the update, and the refit records the new one. So is
+        a reading that a refit began (and possibly ended) during: it may be the identity from before the update.
         """
         names = [name for name, state in self._host.states.items() if not state.refitting]
+        refits = {name: self._refits.get(name, 0) for name in names}
         readings = await asyncio.gather(*(self.read_identity(name) for name in names))
         changed: list[tuple[str, Transition]] = []
         for name, identity in zip(names, readings, strict=True):
             state = self._host.states.get(name)
-            if state is None or state.refitting:
+            if state is None or state.refitting or self._refits.get(name, 0) != refits[name]:
                 continue
             transition = await self.observe(name, identity)
             if transition is not None:

@@ -1,0 +1,115 @@
+"""The router's requests through the dispatcher, in process (``Router`` + ``serve_router``) over real sim shards.
+
+In process so the test can read the dispatcher's own events (which prompt each attempt belonged to, ejections) and
+drive the weights tracker the way a trainer does; the shards are real ``sim-shard`` subprocesses on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
+from rollout_runtime.health import ProbeSettings
+from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterServer, serve_router
+from rollout_runtime.shards import LocalShardSource, StaticShardSource
+from rollout_runtime.shards.model import ShardSource
+from rollout_runtime.sim import SimFleet
+from rollout_runtime.weights import SGLangWeightVersion
+from support.deadlines import within
+
+PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
+COMPLETION = {"model": "sim-model", "prompt": "What is 2 + 3?", "max_tokens": 4}
+
+
+@dataclass
+class Events:
+    attempts: list[AttemptEnded] = field(default_factory=list)
+    ejected: list[str] = field(default_factory=list)
+
+    def observe(self, event: DispatchEvent) -> None:
+        if isinstance(event, AttemptEnded):
+            self.attempts.append(event)
+        elif isinstance(event, ShardEjected):
+            self.ejected.append(event.shard)
+
+
+@contextlib.asynccontextmanager
+async def routing(source: ShardSource, events: Events, shards: int) -> AsyncIterator[tuple[Router, RouterServer]]:
+    async with Router(source, observer=events.observe) as router, serve_router(router) as server:
+        await within(router.dispatcher.wait_ready(shards), f"{shards} routable shard(s)")
+        yield router, server
+
+
+async def test_each_request_is_its_own_prompt_so_a_shard_failing_every_request_is_ejected() -> None:
+    """Regression: every request was prompt 0 to the dispatcher, so blame pooled unrelated requests' failures (503s
+    from two shards for two requests read as one poison prompt: the client got a 502) and never saw one shard fail
+    two distinct prompts (a shard answering 503 to everything was never ejected, and kept wasting attempts)."""
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        sick, well = fleet.names
+        await fleet.set_faults(sick, fail_next=1000, error_status=503)  # /health stays 200: only traffic tells
+        async with routing(StaticShardSource(fleet.shards), events, 2) as (_, server):
+            statuses, served_by = [], []
+            for _ in range(20):
+                async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                    statuses.append(response.status)
+                    served_by.append(response.headers.get(SHARD_HEADER))
+                if events.ejected:
+                    break
+        sick_stats = await fleet.stats(sick)
+
+    assert sick_stats.get("errors_503", 0) >= 2, "the 503s did not hit the sick shard twice"
+    assert statuses == [200] * len(statuses), statuses
+    assert set(served_by) == {well}
+    assert events.ejected == [sick], f"the sick shard was not ejected after {len(statuses)} requests"
+    prompts = {event.prompt_id for event in events.attempts}
+    assert len(prompts) == len(statuses), f"{len(statuses)} requests were {len(prompts)} prompt(s) to the dispatcher"
+
+
+async def _refit(fleet: SimFleet, source: LocalShardSource, http: aiohttp.ClientSession, version: int) -> None:
+    async def update(name: str) -> None:
+        body = {"model_path": f"/ckpt/step-{version}", "weight_version": str(version)}
+        async with http.post(f"{fleet.shard(name).endpoint}/update_weights_from_disk", json=body) as response:
+            assert response.status == 200, await response.text()
+
+    await source.weights.publish(version)
+    assert await within(source.weights.refit_all(version, update), f"the refit to {version}") == {}
+
+
+async def _shard_version(fleet: SimFleet, http: aiohttp.ClientSession, name: str) -> str:
+    async with http.get(f"{fleet.shard(name).endpoint}/weight_version") as response:
+        return str((await response.json())["weight_version"])
+
+
+async def test_the_weights_version_header_is_the_dispatchers_for_answers_and_streams() -> None:
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        source = LocalShardSource(fleet.shards, PROBES, identity=SGLangWeightVersion())
+        async with routing(source, events, 2) as (router, server):
+            seen: dict[int, list[tuple[str, str, str]]] = {}
+            for version in (1, 2):
+                await _refit(fleet, source, http, version)
+                await within(router.dispatcher.wait_ready(2), f"both shards routable at version {version}")
+                for stream in (False, True):
+                    body = {**COMPLETION, "stream": stream}
+                    async with http.post(server.url + "/v1/completions", json=body) as response:
+                        text = await within(response.text(), f"the answer (stream={stream})")
+                        assert response.status == 200, text
+                        shard, header = response.headers[SHARD_HEADER], response.headers[WEIGHTS_HEADER]
+                    if stream:
+                        assert text.rstrip().endswith("data: [DONE]"), text
+                    else:
+                        assert json.loads(text)["choices"], text
+                    shard_says = await within(_shard_version(fleet, http, shard), f"{shard}'s own version")
+                    seen.setdefault(version, []).append((header, shard_says, shard))
+
+    for version, answers in seen.items():
+        assert len(answers) == 2  # one answer, one stream
+        for header, shard_says, shard in answers:
+            assert header == str(version), f"{shard} answered with header {header} at version {version}"
+            assert shard_says == str(version), f"{shard} itself serves {shard_says}"
