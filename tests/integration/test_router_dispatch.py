@@ -59,14 +59,12 @@ async def test_each_request_is_its_own_prompt_so_a_shard_failing_every_request_i
                 async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
                     statuses.append(response.status)
                     served_by.append(response.headers.get(SHARD_HEADER))
-                if events.ejected:
-                    break
         sick_stats = await fleet.stats(sick)
 
-    assert sick_stats.get("errors_503", 0) >= 2, "the 503s did not hit the sick shard twice"
+    assert sick_stats.get("errors_503", 0) >= 1, "no request reached the sick shard: the fault never hit"
     assert statuses == [200] * len(statuses), statuses
     assert set(served_by) == {well}
-    assert events.ejected == [sick], f"the sick shard was not ejected after {len(statuses)} requests"
+    assert set(events.ejected) == {sick}, f"the sick shard was not ejected after {len(statuses)} requests"
     prompts = {event.prompt_id for event in events.attempts}
     assert len(prompts) == len(statuses), f"{len(statuses)} requests were {len(prompts)} prompt(s) to the dispatcher"
 
