@@ -77,12 +77,20 @@ def _serving(port: int) -> bool:
         return False
 
 
-def fleet_row(plane: ControlPlane, namespace: str) -> list[str]:
-    """`kubectl get rolloutfleets` as the README shows it: the header, then the demo fleet's row."""
+def fleet_row(plane: ControlPlane, namespace: str) -> dict[str, str]:
+    """`kubectl get rolloutfleets` as the README shows it: the header, then the demo fleet's row by column (a column
+    kubectl leaves blank, e.g. STALE before the first status write, is "")."""
     lines = plane.kubectl("get", "rolloutfleets", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "HEALTHY", "READY", "ENVS", "AGE"], lines
-    [row] = [line.split() for line in lines[1:] if line.split()[0] == "demo"]
-    return row
+    header = lines[0].split()
+    assert header == ["NAME", "HEALTHY", "READY", "STALE", "ENVS", "AGE"], lines
+    starts = [lines[0].index(name) for name in header]
+    [line] = [line for line in lines[1:] if line.split()[0] == "demo"]
+    cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    return dict(zip(header, cells, strict=True))
+
+
+def _cells(row: dict[str, str], *columns: str) -> list[str]:
+    return [row[column] for column in columns]
 
 
 def test_kubectl_apply_examples_then_the_fleet_turns_healthy(
@@ -112,15 +120,23 @@ def test_kubectl_apply_examples_then_the_fleet_turns_healthy(
     operator_processes.append(operator)
     operator.start()
     # Selected but not reachable: the Services have no pods behind them here.
-    wait_until(lambda: fleet_row(fleet_crds, ns)[1:3] == ["0/2", "False"], timeout=90, what="demo 0/2",
-               process=operator.process)  # fmt: skip
+    wait_until(
+        lambda: _cells(fleet_row(fleet_crds, ns), "HEALTHY", "READY") == ["0/2", "False"],
+        timeout=90,
+        what="demo 0/2",
+        process=operator.process,
+    )
 
     for kind, name in [("generationshard", "vllm-0"), ("generationshard", "vllm-1"), ("environmentserver", "verifier")]:
         patch = {"spec": {"serviceRef": None, "endpoint": f"http://127.0.0.1:{example_servers[name]}"}}
         fleet_crds.kubectl("patch", kind, name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
 
-    wait_until(lambda: fleet_row(fleet_crds, ns)[1:4] == ["2/2", "True", "1"], timeout=120, what="demo 2/2 Ready",
-               process=operator.process)  # fmt: skip
+    wait_until(
+        lambda: _cells(fleet_row(fleet_crds, ns), "HEALTHY", "READY", "STALE", "ENVS") == ["2/2", "True", "0", "1"],
+        timeout=120,
+        what="demo 2/2 Ready",
+        process=operator.process,
+    )
     status = fleet_crds.kubectl_json("get", "rolloutfleet", "demo", "-n", ns)["status"]
     assert {entry["name"] for entry in status["shards"]} == {"vllm-0", "vllm-1"}
     assert {entry["name"]: entry["weight"] for entry in status["shards"]}["vllm-1"] == 2
