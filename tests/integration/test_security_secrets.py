@@ -96,8 +96,11 @@ def test_redaction_removes_the_planted_shapes() -> None:
         assert not leaks([redact_secrets(text)]), text
 
 
-async def _dispatch(shard: Shard, tmp_path: Path, **policy: Any) -> tuple[list[Any], BaseException | None, list[str]]:
-    """One prompt through a dispatcher against ``shard``; the outcomes, the run's error, and every sink's text."""
+async def _dispatch(
+    shard: Shard, tmp_path: Path, *, drop_rules: bool = True, **policy: Any
+) -> tuple[list[Any], BaseException | None, list[str]]:
+    """One prompt through a dispatcher against ``shard``; the outcomes, the run's error, and every sink's text.
+    ``drop_rules=False``: an independent request, whose DataFailed is reported instead of ending the run."""
     ledger = tmp_path / "ledger.jsonl"
     registry = CollectorRegistry()
     policy = {"backoff_initial_seconds": 0.0, "backoff_max_seconds": 0.0, **policy}
@@ -111,7 +114,7 @@ async def _dispatch(shard: Shard, tmp_path: Path, **policy: Any) -> tuple[list[A
         async def rollout(target: Shard, prompt: str) -> str:
             return (await client.complete(target, prompt)).text
 
-        outcomes, error = await collect_until_error(dispatcher.run(["What is 1 + 1?"], rollout))
+        outcomes, error = await collect_until_error(dispatcher.run(["What is 1 + 1?"], rollout, drop_rules=drop_rules))
     sinks = [generate_latest(registry).decode()]
     if ledger.exists():
         sinks.append(ledger.read_text())
@@ -127,7 +130,7 @@ async def test_a_token_in_a_shards_400_body_stays_out_of_the_reason_ledger_logs_
 ) -> None:
     caplog.set_level(logging.DEBUG)
     shard = Shard(name="leaky", endpoint=f"{provider}/e400", model="m")
-    outcomes, error, sinks = await _dispatch(shard, tmp_path)
+    outcomes, error, sinks = await _dispatch(shard, tmp_path, drop_rules=False)
     assert error is None
     (outcome,) = outcomes
     assert isinstance(outcome, DataFailed)

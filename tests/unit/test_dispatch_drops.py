@@ -134,6 +134,16 @@ def test_shrinking_below_the_batch_floor_fails_the_run() -> None:
     assert isinstance(small, FailRun), "at 0.9 a batch of 8 or fewer tolerates no drop"
 
 
+def test_an_open_ended_session_has_no_batch_floor_only_the_allowances() -> None:
+    """A session (size 0) is not a step: losing prompts never trips min_step_batch_fraction; the budgets still do."""
+    p = policy(max_skipped_prompts=2, min_step_batch_fraction=1.0)
+    counts = DropCounts(skipped_prompts=1)
+    assert isinstance(decide_drop(p, counts, "data", size=0, lost=5, replaced=0, reserve_left=0), ShrinkDecision)
+    spent = decide_drop(p, DropCounts(skipped_prompts=2), "data", size=0, lost=5, replaced=0, reserve_left=0)
+    assert isinstance(spent, FailRun)
+    assert spent.rule == "max_skipped_prompts"
+
+
 def test_replace_refills_a_position_up_to_max_replacement_attempts_then_shrinks() -> None:
     p = policy(
         max_skipped_prompts=100,

@@ -156,7 +156,8 @@ async def test_online_submissions_keep_the_accounting_invariant_under_chaos(
             raise RolloutDataFailure("injected bad prompt")
         return prompt
 
-    policy = FAST.model_copy(update={"max_skipped_prompts": 1_000, "max_concurrency": 1 + seed % 8})
+    update = {"max_skipped_prompts": 1_000, "max_consecutive_dropped_prompts": 1_000, "max_concurrency": 1 + seed % 8}
+    policy = FAST.model_copy(update=update)
     outcomes: list[Outcome[Any, Any]] = []
     async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy, seed=seed) as dispatcher:
         session = dispatcher.session(rollout)

@@ -109,7 +109,7 @@ async def test_the_ledger_counts_a_failed_prompts_stale_answers_by_version(tmp_p
     ledger = tmp_path / "failures.jsonl"
     policy = FAST.model_copy(update={"failure_ledger_path": ledger})
     async with Dispatcher(StaticShardSource(make_shards("a")), policy, weights=weights) as dispatcher:
-        run = dispatcher.run(["p"], rollout)
+        run = dispatcher.run(["p"], rollout, drop_rules=False)  # reported, not a training step's loss
         outcomes = await collect(run)
     assert_accounted(run, outcomes, range(1))
     assert run.stats.stale == 1, "the first answer was not gated: the fault did not hit"

@@ -111,7 +111,9 @@ class FleetGenerateServer:
     def __init__(self, dispatcher: Dispatcher, client: GenerationClient, *, stream: bool = True) -> None:
         self._client = client
         self._stream = stream
-        self.session: DispatchSession[tuple[list[int], dict[str, Any]], Completion] = dispatcher.session(self._rollout)
+        self.session: DispatchSession[tuple[list[int], dict[str, Any]], Completion] = dispatcher.session(
+            self._rollout, drop_rules=False
+        )
 
     async def _rollout(self, shard: Shard, request: tuple[list[int], dict[str, Any]]) -> Completion:
         prompt_ids, params = request

@@ -201,7 +201,7 @@ class DispatchedOpenAI:
         self._owns_generation = generation is None
         self._stream = stream_to_shards
         self._token_ids = token_ids
-        self.session: DispatchSession[_Request, Any] = dispatcher.session(self._rollout)
+        self.session: DispatchSession[_Request, Any] = dispatcher.session(self._rollout, drop_rules=False)
         self.completions = _Endpoint(self, chat=False)
         self.chat = _Chat(self)
 

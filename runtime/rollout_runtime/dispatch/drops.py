@@ -94,7 +94,8 @@ def decide_drop(
 ) -> DropDecision:
     """Decide for a prompt just given up on; ``counts`` and ``lost`` do not include it yet.
 
-    ``size``: the run's batch size (its prompts, replacements not counted); ``lost``: batch positions already lost
+    ``size``: the run's batch size (its prompts, replacements not counted; 0 for an open-ended session, which has no
+    step and so no batch floor: only the two allowances apply); ``lost``: batch positions already lost
     (given up on and not refilled); ``replaced``: replacements this position has drawn so far; ``reserve_left``:
     reserve prompts not yet drawn. The allowances come first (a replaced prompt still counts against them), then the
     position: refilled when ``replace`` allows it, otherwise lost, which the batch floor must survive.
@@ -114,7 +115,7 @@ def decide_drop(
     if policy.on_dropped_prompt == "replace" and replaced < policy.max_replacement_attempts and reserve_left > 0:
         return ReplaceDecision()
     floor = batch_floor(policy, size)
-    if size - (lost + 1) < floor:
+    if size > 0 and size - (lost + 1) < floor:
         return FailRun(
             "min_step_batch_fraction",
             f"the run lost {lost + 1} of {size} prompt(s), leaving fewer than {floor}"

@@ -773,15 +773,18 @@ class Dispatcher:
         self._runs.add(run)
         return run
 
-    def session(self, rollout: Rollout[P, R]) -> DispatchSession[P, R]:
+    def session(self, rollout: Rollout[P, R], *, drop_rules: bool = True) -> DispatchSession[P, R]:
         """A long-lived online session: ``submit(prompt)`` one at a time, sharing budgets, the stall watchdog,
         ejection state and stats (see :mod:`rollout_runtime.dispatch.session`). Close it (``async with``) when done.
-        """
+        ``drop_rules=False``: the submissions are independent requests (an OpenAI-shaped client's calls, a verl
+        server's requests): a prompt given up on is that call's answer, never the end of the session (see
+        :meth:`run`)."""
         from rollout_runtime.dispatch.session import DispatchSession
 
         if not self._entered or self._follower is None:
             raise RuntimeError("use the Dispatcher as `async with Dispatcher(...) as dispatcher:` before session()")
         session: DispatchSession[P, R] = DispatchSession(self, rollout)
+        session.drop_rules = drop_rules
         self._runs.add(session)
         return session
 
