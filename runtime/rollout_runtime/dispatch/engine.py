@@ -466,13 +466,17 @@ class DispatchRun(Generic[P, R]):
         for state in self.states:
             self.ready.put_nowait(state)
         self.accounts.run_started()
-        dispatcher, policy = self._dispatcher, self._dispatcher.policy
+        policy = self._dispatcher.policy
         self.worker_limit = len(self.states)
         if policy.max_concurrency is not None:
             self.worker_limit = min(self.worker_limit, policy.max_concurrency)
         for _ in range(min(self.worker_limit, _INITIAL_WORKERS)):
             self._spawn_worker()
-        clock = dispatcher._now
+        self._start_watchdog()
+
+    def _start_watchdog(self) -> None:
+        """Watch the run for stalls (nothing committed for ``stall_deadline_seconds``), from now on."""
+        policy, clock = self._dispatcher.policy, self._dispatcher._now
         watchdog = StallWatchdog(policy.stall_deadline_seconds, policy.stall_action, now=clock())
         self.accounts.watchdog = watchdog
         self.watchdog_task = asyncio.create_task(

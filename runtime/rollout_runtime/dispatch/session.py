@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from rollout_runtime.dispatch.engine import DispatchRun, Rollout, _PromptState
 from rollout_runtime.dispatch.outcomes import Outcome, PromptId
-from rollout_runtime.dispatch.watchdog import StallWatchdog, watch
 
 if TYPE_CHECKING:
     from rollout_runtime.dispatch.engine import Dispatcher
@@ -58,20 +57,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
     def _start_session(self) -> None:
         self.started = True
         self.accounts.run_started()
-        dispatcher, policy = self._dispatcher, self._dispatcher.policy
-        clock = dispatcher._now
-        watchdog = StallWatchdog(policy.stall_deadline_seconds, policy.stall_action, now=clock())
-        self.accounts.watchdog = watchdog
-        self.watchdog_task = asyncio.create_task(
-            watch(
-                watchdog,
-                check_seconds=policy.stall_check_seconds,
-                clock=clock,
-                unfinished=lambda: self.stats.unfinished,
-                on_stall=self._stalled,
-            ),
-            name="rollout-dispatch-session-watchdog",
-        )
+        self._start_watchdog()
 
     # -- the online API ---------------------------------------------------------------------------------------
 
@@ -99,9 +85,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
         self.stats.submitted += 1
         self.ready.put_nowait(state)
         if len(self.workers) < min(self.concurrency, self.stats.unfinished):
-            index = len(self.workers)
-            worker = asyncio.create_task(self._dispatcher._worker(self), name=f"rollout-session-worker-{index}")
-            self.workers.append(worker)
+            self._spawn_worker()
         return future
 
     async def wait_ready(self, min_shards: int = 1, timeout: float | None = None) -> tuple[str, ...]:  # noqa: ASYNC109
