@@ -123,3 +123,56 @@ def test_never_ejects_every_healthy_shard(events: list[tuple[str, str, float]], 
         out = [n for n in healthy if t.is_ejected(n)]
         assert len(out) <= max_ejectable(len(healthy), percent)
         assert len(out) < len(healthy)
+
+
+def test_a_restored_shard_is_on_trial_until_it_serves() -> None:
+    t = tracker()
+    t.eject("a", now=0, wall=0, healthy=NAMES)
+    assert not t.on_trial("a"), "an ejected shard takes nothing, trial or not"
+    t.expire(10)
+    assert t.on_trial("a")
+    t.served("a")
+    assert not t.on_trial("a")
+    t.eject("a", now=11, wall=11, healthy=NAMES)
+    t.probes_succeeded({"a": 12.0}, now=12)
+    assert t.on_trial("a"), "a probe's restore is a trial too"
+
+
+def test_a_shard_the_panic_rule_keeps_is_held_for_the_backoff_doubling_until_it_serves() -> None:
+    t = tracker(percent=50)
+
+    def schedule(n: int) -> float:
+        return 0.5 * 2 ** (n - 1)
+
+    assert t.eject("a", now=0, wall=0, healthy=NAMES) is not None
+    assert t.eject("b", now=0, wall=0, healthy=NAMES) is not None
+    assert t.eject("c", now=0, wall=0, healthy=NAMES) is None, "the panic rule: 2 of 4 at most"
+    assert t.hold("c", now=0, schedule=schedule) == 0.5
+    assert t.is_held("c")
+    assert not t.is_ejected("c")
+    assert t.hold("c", now=0.1, schedule=schedule) is None, "held already"
+    assert t.next_expiry() == 0.5
+    assert t.expire(0.5) == [], "a released hold is no restored ejection"
+    assert not t.is_held("c")
+    assert t.on_trial("c")
+    assert t.hold("c", now=1, schedule=schedule) == 1.0, "a failed trial holds it twice as long"
+    t.expire(2)
+    t.served("c")
+    assert t.hold("c", now=3, schedule=schedule) == 0.5, "a success starts the doubling again"
+
+
+def test_holds_do_not_count_against_the_panic_rule_and_are_not_ejections() -> None:
+    t = tracker(percent=50)
+    t.eject("a", now=0, wall=0, healthy=NAMES)
+    t.hold("b", now=0, schedule=lambda n: 5.0)
+    assert t.eject("c", now=0, wall=0, healthy=NAMES) is not None, "b is held, not ejected"
+    assert t.ejected == {"a", "c"}
+    assert t.eject("b", now=1, wall=1, healthy=NAMES) is None
+
+
+def test_nothing_is_held_with_ejection_disabled_or_an_empty_backoff() -> None:
+    assert tracker(percent=0).hold("a", now=0, schedule=lambda n: 1.0) is None
+    assert tracker().hold("a", now=0, schedule=lambda n: 0.0) is None
+    t = tracker()
+    t.eject("a", now=0, wall=0, healthy=NAMES)
+    assert t.hold("a", now=0, schedule=lambda n: 1.0) is None, "an ejected shard is not held as well"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -443,6 +444,75 @@ async def test_panic_rule_never_ejects_the_last_healthy_shard() -> None:
         assert d.routable == ("only",)
     assert isinstance(outcome, Completed)
     assert value(d, "rollout_ejections_total", shard="only") == 0
+
+
+@pytest.mark.looptime
+async def test_a_failing_shard_the_panic_rule_keeps_is_held_not_handed_every_attempt() -> None:
+    """Three shards, two answering 503 at once, the panic rule (50 %) ejecting only one: the other stays in rotation
+    but is held for the backoff, doubling, so it cannot draw every fresh prompt by failing faster than the good shard
+    serves (least-outstanding's black hole)."""
+    attempts: Counter[str] = Counter()
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        attempts[shard.name] += 1
+        if shard.name != "good":
+            raise GenerationUnavailable("503 Service Unavailable")
+        await asyncio.sleep(0.1)
+        return shard.name
+
+    policy = REPORTING.model_copy(
+        update={
+            "backoff_initial_seconds": 1.0,
+            "backoff_max_seconds": 8.0,
+            "backoff_jitter": 0.0,
+            "ejection_base_seconds": 60.0,
+            "max_concurrency": 4,
+        }
+    )
+    async with Dispatcher(StaticShardSource(make_shards("bad1", "bad2", "good")), policy) as d:
+        outcomes = await collect(d.run(range(40), rollout))
+        assert len(d.ejected) == 1, "the panic rule ejects one of three"
+    assert [type(o) for o in outcomes] == [Completed] * 40
+    held = next(name for name in ("bad1", "bad2") if attempts[name] > 1 or name not in d.ejected)
+    # 40 prompts at 4 x 0.1 s take ~1 s on the good shard: the held shard gets its trials after 1 s, 1 + 2 s, ...
+    assert attempts[held] <= 3, f"the held shard drew {attempts[held]} attempts"
+    assert attempts["good"] == 40
+
+
+@pytest.mark.looptime
+async def test_a_restored_shard_takes_one_attempt_at_a_time_until_it_serves() -> None:
+    """After its ejection ends, a shard with nothing in flight is the least loaded by far; on trial it gets one attempt,
+    and only its success opens it to more."""
+    in_flight: Counter[str] = Counter()
+    peak_on_trial = 0
+    served = asyncio.Event()
+    calls = 0
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        nonlocal calls, peak_on_trial
+        if shard.name == "flaky":
+            calls += 1
+            if calls == 1:
+                raise GenerationUnavailable("503 Service Unavailable")
+        in_flight[shard.name] += 1
+        if shard.name == "flaky" and not served.is_set():
+            peak_on_trial = max(peak_on_trial, in_flight["flaky"])
+        try:
+            await asyncio.sleep(0.5)
+        finally:
+            in_flight[shard.name] -= 1
+        if shard.name == "flaky":
+            served.set()
+        return shard.name
+
+    policy = REPORTING.model_copy(update={"ejection_base_seconds": 1.0, "max_concurrency": 8})
+    async with Dispatcher(StaticShardSource(make_shards("flaky", "steady")), policy) as d:
+        outcomes = await collect(d.run(range(64), rollout))
+    assert [type(o) for o in outcomes] == [Completed] * 64
+    assert value(d, "rollout_ejections_total", shard="flaky") == 1, "the first failure ejected it"
+    assert served.is_set()
+    assert peak_on_trial == 1
+    assert sum(1 for o in outcomes if isinstance(o, Completed) and o.shard == "flaky") > 2, "and then it served"
 
 
 async def test_environment_transport_failures_do_not_eject_the_generation_shard() -> None:

@@ -7,6 +7,17 @@ the shard has stayed un-ejected for ``max`` seconds). It returns when the time r
 active probe succeeds *after* the ejection (``HealthySet.probe_ok_at``): Envoy's
 ``successful_active_health_check_uneject_host``.
 
+A returning shard is **on trial** (a circuit breaker's half-open state): it takes one attempt at a time until one
+succeeds, and a failed trial ejects it again for twice as long. A shard that failed in a way its probe cannot see
+(``/health`` answers 200 while generation answers 503) would otherwise be handed a burst of attempts the moment a
+probe restores it, since a least-outstanding selection favours the shard with nothing in flight.
+
+A shard the panic rule keeps in rotation is **held** instead: out of rotation for the caller's backoff (doubling
+with each failure in a row, reset by a success), then on trial. The rule exists so a few shards are not handed the
+whole load; it must not turn a failing shard that answers at once into the cheapest choice for every attempt (a
+least-outstanding selection's black hole). Holds do not count against the rule, and when every shard in rotation is
+held, attempts wait for the first to return rather than going to ejected shards.
+
 Panic rule (Envoy's ``max_ejection_percent``, made safe for small fleets): of the shards in the current
 healthy set, at most ``max(1, floor(n * percent / 100))`` may be ejected at once, and never all of them, so
 with one healthy shard nothing is ejected and with two at most one is. ``percent == 0`` disables ejection.
@@ -17,7 +28,7 @@ mode): probes say they are healthy, and a run with somewhere to go beats a run w
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Ejection", "EjectionTracker", "max_ejectable"]
@@ -47,6 +58,11 @@ class _Record:
     """Monotonic end of the current ejection; None when the shard is in rotation."""
     ejected_wall: float = 0.0
     restored_at: float = -math.inf
+    trial: bool = False
+    """Restored and not yet succeeded: one attempt at a time (see the module docstring)."""
+    holds: int = 0
+    """Holds in a row since the shard last succeeded."""
+    held_until: float | None = None
 
 
 class EjectionTracker:
@@ -60,6 +76,7 @@ class EjectionTracker:
         self._percent = max_percent
         self._records: dict[str, _Record] = {}
         self._ejected: set[str] = set()
+        self._held: set[str] = set()
 
     @property
     def ejected(self) -> frozenset[str]:
@@ -67,6 +84,40 @@ class EjectionTracker:
 
     def is_ejected(self, name: str) -> bool:
         return name in self._ejected
+
+    @property
+    def held(self) -> frozenset[str]:
+        return frozenset(self._held)
+
+    def is_held(self, name: str) -> bool:
+        return name in self._held
+
+    def on_trial(self, name: str) -> bool:
+        """Whether ``name`` returned from an ejection and has not succeeded since: it may take one attempt at a time."""
+        record = self._records.get(name)
+        return record is not None and record.trial
+
+    def served(self, name: str) -> None:
+        """``name`` completed an attempt: its trial (if any) is over and its holds in a row start again."""
+        record = self._records.get(name)
+        if record is not None:
+            record.trial = False
+            record.holds = 0
+
+    def hold(self, name: str, *, now: float, schedule: Callable[[int], float]) -> float | None:
+        """Hold ``name`` after a failure for which :meth:`eject` refused it: ``schedule(n)`` seconds for the n-th hold
+        in a row. Return the seconds, or None if it is ejected or held already, ejection is disabled or the hold would
+        be empty."""
+        if name in self._ejected or name in self._held or self._percent <= 0:
+            return None
+        record = self._records.setdefault(name, _Record())
+        seconds = schedule(record.holds + 1)
+        if seconds <= 0:
+            return None
+        record.holds += 1
+        record.held_until = now + seconds
+        self._held.add(name)
+        return seconds
 
     def eject(self, name: str, *, now: float, wall: float, healthy: Collection[str]) -> Ejection | None:
         """Eject ``name`` after an infra failure at ``now``; None if it is already out or the panic rule forbids.
@@ -86,6 +137,9 @@ class EjectionTracker:
         seconds = self._duration(record.count)
         record.until = now + seconds
         record.ejected_wall = wall
+        record.trial = False
+        record.held_until = None
+        self._held.discard(name)
         self._ejected.add(name)
         return Ejection(shard=name, until=record.until, seconds=seconds, count=record.count)
 
@@ -95,7 +149,13 @@ class EjectionTracker:
         return float(min(self._max, self._base * 2 ** (count - 1)))
 
     def expire(self, now: float) -> list[str]:
-        """Return (and restore) the shards whose ejection time has run out by ``now``."""
+        """Return (and restore) the shards whose ejection time has run out by ``now``; release (on trial) the holds
+        that have, without returning them (a hold is no ejection to report)."""
+        for name in list(self._held):
+            record = self._records[name]
+            if record.held_until is not None and record.held_until <= now:
+                record.held_until, record.trial = None, True
+                self._held.discard(name)
         done = [name for name in self._ejected if (until := self._records[name].until) is not None and until <= now]
         for name in done:
             self._restore(name, now)
@@ -115,10 +175,12 @@ class EjectionTracker:
     def next_expiry(self) -> float | None:
         """The earliest ``until`` among ejected shards, for the caller's timer."""
         times = [u for name in self._ejected if (u := self._records[name].until) is not None]
+        times.extend(u for name in self._held if (u := self._records[name].held_until) is not None)
         return min(times) if times else None
 
     def _restore(self, name: str, now: float) -> None:
         record = self._records[name]
         record.until = None
         record.restored_at = now
+        record.trial = True
         self._ejected.discard(name)

@@ -890,8 +890,7 @@ class Dispatcher:
         assert task is not None
         record = _Attempt(task, task.cancelling())
         accounts = run.accounts
-        slot.outstanding += 1
-        slot.attempts.add(record)
+        self._occupy(slot, record)
         accounts.attempt_started()
         if slot.name not in state.tried:
             state.tried.append(slot.name)
@@ -941,8 +940,7 @@ class Dispatcher:
                 if record.evicted:
                     task.uncancel()  # the rollout swallowed the cancellation; its result still stands
         finally:
-            slot.outstanding -= 1
-            slot.attempts.discard(record)
+            self._release(slot, record)
             accounts.attempt_stopped()
         seconds = clock() - started
         if not run.active:
@@ -963,6 +961,7 @@ class Dispatcher:
             shard = winner.name
             accounts.attempt_ended("success", state.prompt_id, shard, seconds)
             self._evidence.succeeded(shard, state.prompt_id)
+            self._ejections.served(shard)
             winner.weight = winner.shard.weight * self._shares.served(shard)
             if self._completions is not None:
                 self._completions.attempt_succeeded(shard)
@@ -1061,8 +1060,7 @@ class Dispatcher:
         hedge = asyncio.ensure_future(run.rollout(other.shard, state.prompt))
         hedge_record = _Attempt(hedge, 0)
         hedge_version = self._weights.version_of(other.name) if self._weights is not None else None
-        other.outstanding += 1
-        other.attempts.add(hedge_record)  # an eviction of the hedge's shard cancels the hedge only
+        self._occupy(other, hedge_record)  # an eviction of the hedge's shard cancels the hedge only
         accounts.attempt_started()
         run.stats.hedges += 1
         if other.name not in state.tried:
@@ -1085,8 +1083,7 @@ class Dispatcher:
                 hedge.cancel()
                 with contextlib.suppress(BaseException):
                     await hedge
-            other.outstanding -= 1
-            other.attempts.discard(hedge_record)
+            self._release(other, hedge_record)
             accounts.attempt_stopped()
             loser = slot.name if record.won_on is other else other.name
             accounts.attempt_ended("cancelled", state.prompt_id, loser, clock() - started)
@@ -1342,11 +1339,18 @@ class Dispatcher:
 
     def _recompute(self, revision: str | None = None) -> None:
         slots = list(self._slots.values())
-        routable = [slot for slot in slots if not self._ejections.is_ejected(slot.name)]
-        self._panic = not routable and bool(slots)
+        ejections = self._ejections
+        in_rotation = [slot for slot in slots if not ejections.is_ejected(slot.name)]
+        self._panic = not in_rotation and bool(slots)
         if self._panic:
             log.warning("every healthy shard is ejected: routing to all of them (panic mode)")
             routable = slots
+        else:  # held shards, and one on trial with its one attempt in flight, wait; so do attempts if nothing is left
+            routable = [
+                slot
+                for slot in in_rotation
+                if not ejections.is_held(slot.name) and not (slot.outstanding and ejections.on_trial(slot.name))
+            ]
         self._routable = routable
         self.metrics.healthy_shards = len(routable)
         self._emit(
@@ -1359,15 +1363,40 @@ class Dispatcher:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def _occupy(self, slot: _Slot, record: _Attempt) -> None:
+        """An attempt starts on ``slot``. A shard on trial after an ejection takes one at a time: it leaves the
+        routable set until that attempt ends (see ``ejection``)."""
+        slot.outstanding += 1
+        slot.attempts.add(record)
+        if slot.outstanding == 1 and self._ejections.on_trial(slot.name):
+            self._recompute()
+
+    def _release(self, slot: _Slot, record: _Attempt) -> None:
+        slot.outstanding -= 1
+        slot.attempts.discard(record)
+        if not slot.outstanding and self._ejections.on_trial(slot.name) and slot.name in self._slots:
+            self._recompute()
+
     def _eject(self, run: DispatchRun[Any, Any], name: str) -> None:
         clock = self.clock
         ejection = self._ejections.eject(name, now=clock.monotonic(), wall=clock.wall(), healthy=self._slots.keys())
         if ejection is None:
+            if name in self._slots:
+                self._hold(name)
             return
         log.info("shard %s ejected for %.1fs (ejection #%d in a row)", name, ejection.seconds, ejection.count)
         run.accounts.ejected(name, ejection)
         self._recompute()
         self._schedule_expiry()
+
+    def _hold(self, name: str) -> None:
+        """The panic rule kept ``name`` in rotation: hold it for the backoff instead (see ``ejection``)."""
+        policy = self.policy
+        seconds = self._ejections.hold(name, now=self._now(), schedule=lambda n: backoff_seconds(policy, n, 0.0))
+        if seconds is not None:
+            log.debug("shard %s held for %.3gs (the panic rule keeps it from being ejected)", name, seconds)
+            self._recompute()
+            self._schedule_expiry()
 
     def _schedule_expiry(self) -> None:
         if self._expiry_timer is not None:
@@ -1380,10 +1409,11 @@ class Dispatcher:
         def expire() -> None:
             self._expiry_timer = None
             # The timer fired for ``due``: the loop may run it a clock resolution early, never late by design.
+            held = self._ejections.held
             restored = self._ejections.expire(max(self._now(), due))
             for name in restored:
                 self._emit(ShardRestored(name, "expired"))
-            if restored:
+            if restored or held != self._ejections.held:
                 self._recompute()
             self._schedule_expiry()
 
