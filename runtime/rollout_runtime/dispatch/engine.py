@@ -662,6 +662,8 @@ class Dispatcher:
         self._slots: dict[str, _Slot] = {}
         self._timings: dict[str, ShardTimings] = {}
         self._routable: list[_Slot] = []
+        self._pickable: list[_Slot] = []
+        """The routable shards an attempt may start on now: not held, and not on trial with its one attempt out."""
         self._panic = False
         self._cursor = 0
         self._snapshot: HealthySet | None = None
@@ -718,7 +720,8 @@ class Dispatcher:
 
     @property
     def routable(self) -> tuple[str, ...]:
-        """Shards attempts go to now: healthy minus ejected (all healthy in panic mode)."""
+        """Shards in rotation: healthy minus ejected (all healthy in panic mode). A held shard, or one on trial with its
+        one attempt out, is among them but takes no new attempt until that ends (see ``ejection``)."""
         return tuple(slot.name for slot in self._routable)
 
     @property
@@ -857,7 +860,7 @@ class Dispatcher:
             run.fail(exc)
 
     def _pick(self, state: _PromptState) -> _Slot | None:
-        routable = self._routable
+        routable = self._pickable
         if not routable:
             return None
         self._cursor += 1
@@ -1034,7 +1037,7 @@ class Dispatcher:
             if done:
                 return primary.result()
             self._cursor += 1
-            other = pick_shard(self._routable, start=self._cursor, last_failed=slot.name, tried=state.tried)
+            other = pick_shard(self._pickable, start=self._cursor, last_failed=slot.name, tried=state.tried)
             if other is None or other is slot:
                 return await primary
             return await self._race(run, state, primary, slot, other, record)
@@ -1339,18 +1342,11 @@ class Dispatcher:
 
     def _recompute(self, revision: str | None = None) -> None:
         slots = list(self._slots.values())
-        ejections = self._ejections
-        in_rotation = [slot for slot in slots if not ejections.is_ejected(slot.name)]
-        self._panic = not in_rotation and bool(slots)
+        routable = [slot for slot in slots if not self._ejections.is_ejected(slot.name)]
+        self._panic = not routable and bool(slots)
         if self._panic:
             log.warning("every healthy shard is ejected: routing to all of them (panic mode)")
             routable = slots
-        else:  # held shards, and one on trial with its one attempt in flight, wait; so do attempts if nothing is left
-            routable = [
-                slot
-                for slot in in_rotation
-                if not ejections.is_held(slot.name) and not (slot.outstanding and ejections.on_trial(slot.name))
-            ]
         self._routable = routable
         self.metrics.healthy_shards = len(routable)
         self._emit(
@@ -1360,6 +1356,17 @@ class Dispatcher:
                 routable=tuple(slot.name for slot in routable),
             )
         )
+        self._refresh_pickable()
+
+    def _refresh_pickable(self) -> None:
+        """Held shards, and one on trial with its one attempt in flight, wait (see ``ejection``); so do attempts when
+        no other shard is left. Routable still counts them: they are in rotation and back within the backoff."""
+        ejections = self._ejections
+        self._pickable = [
+            slot
+            for slot in self._routable
+            if not ejections.is_held(slot.name) and not (slot.outstanding and ejections.on_trial(slot.name))
+        ]
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -1369,13 +1376,13 @@ class Dispatcher:
         slot.outstanding += 1
         slot.attempts.add(record)
         if slot.outstanding == 1 and self._ejections.on_trial(slot.name):
-            self._recompute()
+            self._refresh_pickable()
 
     def _release(self, slot: _Slot, record: _Attempt) -> None:
         slot.outstanding -= 1
         slot.attempts.discard(record)
         if not slot.outstanding and self._ejections.on_trial(slot.name) and slot.name in self._slots:
-            self._recompute()
+            self._refresh_pickable()
 
     def _eject(self, run: DispatchRun[Any, Any], name: str) -> None:
         clock = self.clock
@@ -1395,7 +1402,7 @@ class Dispatcher:
         seconds = self._ejections.hold(name, now=self._now(), schedule=lambda n: backoff_seconds(policy, n, 0.0))
         if seconds is not None:
             log.debug("shard %s held for %.3gs (the panic rule keeps it from being ejected)", name, seconds)
-            self._recompute()
+            self._refresh_pickable()
             self._schedule_expiry()
 
     def _schedule_expiry(self) -> None:
@@ -1413,8 +1420,10 @@ class Dispatcher:
             restored = self._ejections.expire(max(self._now(), due))
             for name in restored:
                 self._emit(ShardRestored(name, "expired"))
-            if restored or held != self._ejections.held:
+            if restored:
                 self._recompute()
+            elif held != self._ejections.held:
+                self._refresh_pickable()
             self._schedule_expiry()
 
         self._expiry_timer = self._loop.call_later(max(0.0, due - self._now()), expire)
