@@ -103,9 +103,9 @@ def _field_in_cluster(name: str, info: FieldInfo, view: ClusterView) -> tuple[An
     if name in view.minimum:
         metadata = [m for m in metadata if not isinstance(m, annotated_types.Gt | annotated_types.Ge)]
         metadata.append(annotated_types.Ge(view.minimum[name]))
-    extra: dict[str, Any] | Callable[[dict[str, Any]], None] | None = dict(view.schema.get(name, {})) or None
-    if name in view.derived:
-        extra = _without_schema_default(dict(view.schema.get(name, {})))
+    schema = dict(view.schema.get(name, {}))
+    extra: dict[str, Any] | Callable[[dict[str, Any]], None] | None
+    extra = _without_schema_default(schema) if name in view.derived else (schema or None)
     if info.default_factory is not None and name not in view.defaults:
         field = Field(default_factory=info.default_factory, description=info.description, json_schema_extra=extra)
     else:
