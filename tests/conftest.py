@@ -21,5 +21,6 @@ pytest_plugins = [
     "support.chart_cluster",
     "support.kmockfix",
     "support.operator",
+    "support.weights",
     "support.llama",
 ]

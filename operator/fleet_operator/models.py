@@ -14,6 +14,7 @@ test checks that both layers reject the same specs.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
@@ -102,12 +103,25 @@ def _field_in_cluster(name: str, info: FieldInfo, view: ClusterView) -> tuple[An
     if name in view.minimum:
         metadata = [m for m in metadata if not isinstance(m, annotated_types.Gt | annotated_types.Ge)]
         metadata.append(annotated_types.Ge(view.minimum[name]))
-    extra = dict(view.schema.get(name, {})) or None
+    schema = dict(view.schema.get(name, {}))
+    extra: dict[str, Any] | Callable[[dict[str, Any]], None] | None
+    extra = _without_schema_default(schema) if name in view.derived else (schema or None)
     if info.default_factory is not None and name not in view.defaults:
         field = Field(default_factory=info.default_factory, description=info.description, json_schema_extra=extra)
     else:
         field = Field(default=default, description=info.description, json_schema_extra=extra)
     return (Annotated[annotation, *metadata] if metadata else annotation), field
+
+
+def _without_schema_default(extra: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A ``json_schema_extra`` that adds ``extra`` and drops the default: the field keeps its Python default, but
+    the CRD has none, so the API server leaves it unset and the model derives it from the other fields."""
+
+    def update(schema: dict[str, Any]) -> None:
+        schema.pop("default", None)
+        schema.update(extra)
+
+    return update
 
 
 def _in_cluster(source: type[BaseModel], view: ClusterView, *, subclass: bool = False) -> type[_KubeModel]:
@@ -123,6 +137,7 @@ def _in_cluster(source: type[BaseModel], view: ClusterView, *, subclass: bool = 
     names = [name for name in source.model_fields if name not in view.excluded]
     redeclared = [name for name in names if not subclass or name in view.changed()]
     optional = {name for name in names if source.model_fields[name].default is None and name not in view.defaults}
+    optional |= view.derived
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__module__": __name__, "__annotations__": annotations}
     for name in redeclared:
@@ -152,6 +167,10 @@ class ServiceRef(_KubeModel):
 
 class ProbeSpec(_in_cluster(ProbeSettings, PROBE_IN_CLUSTER, subclass=True)):  # type: ignore[misc]
     """Active health probe: GET ``path`` (and, for generation shards with a model, ``/v1/models``) every period."""
+
+
+_PROBE_DEFAULT: Final[dict[str, Any]] = PROBE_IN_CLUSTER.object_default(ProbeSpec().to_kube())
+"""An omitted ``probe``'s default, without ``timeoutSeconds``: a later ``periodSeconds`` alone then derives it."""
 
 
 _ENDPOINT_RULES: Final[list[Any]] = [
@@ -197,7 +216,7 @@ class _TargetSpec(_KubeModel):
     drain: bool = False
     """Take no new traffic (the target leaves the healthy set at once); probes keep running."""
     # The full default (not {}): the API server checks a default against the CEL rules without nested defaulting.
-    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": ProbeSpec().to_kube()})
+    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": _PROBE_DEFAULT})
     """Active health probe settings."""
 
     @field_validator("endpoint")
@@ -394,7 +413,7 @@ class PodSelection(_KubeModel):
     """URL scheme used for probes and traffic."""
     weight: Annotated[float, Field(gt=0, le=1_000_000)] = 1.0
     """Relative share of traffic of each member."""
-    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": ProbeSpec().to_kube()})
+    probe: ProbeSpec = Field(default_factory=ProbeSpec, json_schema_extra={"default": _PROBE_DEFAULT})
     """Active health probe settings, per member."""
 
     @model_validator(mode="after")

@@ -7,7 +7,8 @@ as plain data, so that the model's own validator and the operator's CRD generato
 - :class:`Comparison`: a rule between two fields (``timeout < period``). The model's validator checks it
   (:func:`rules_validator`); the CRD carries it as a CEL rule (:meth:`Comparison.cel`) with the same message.
 - :class:`ClusterView`: where the Kubernetes object differs from the model (another default, a field a cluster
-  object may not set, a tighter lower bound, a schema for what a Python validator checks).
+  object may not set, a tighter lower bound, a schema for what a Python validator checks, a field the model derives
+  from another when it is unset and the object must therefore leave unset).
 
 Pure: no I/O, no Kubernetes imports.
 """
@@ -176,6 +177,9 @@ class ClusterView:
     ``defaults``: another default in the object (the field is then never unset there). ``excluded``: fields an
     object may not set. ``minimum``: an inclusive lower bound replacing the model's. ``schema``: extra JSON schema
     per field, for what a Python validator checks and the API server cannot run (a pattern, a CEL rule).
+    ``derived``: fields whose default the model computes from other fields when they are unset (a probe's timeout
+    from its period): the object has no default for them, so the API server leaves them unset, the model's own
+    derivation applies when the operator reads the object, and the rules hold while they are unset.
     """
 
     scope: str
@@ -185,7 +189,18 @@ class ClusterView:
     excluded: frozenset[str] = frozenset()
     minimum: Mapping[str, float] = field(default_factory=dict)
     schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    derived: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if clash := self.derived & (frozenset(self.defaults) | self.excluded):
+            raise ValueError(f"derived fields {sorted(clash)} cannot also have a cluster default or be excluded")
 
     def changed(self) -> frozenset[str]:
         """Fields whose object version differs from the model's."""
-        return frozenset(self.defaults) | frozenset(self.minimum) | frozenset(self.schema)
+        return frozenset(self.defaults) | frozenset(self.minimum) | frozenset(self.schema) | self.derived
+
+    def object_default(self, wire: Mapping[str, Any]) -> dict[str, Any]:
+        """An object's default (camelCase, as the API server stores it) without the derived fields, which the API
+        server must leave unset for the model to derive them."""
+        derived = {to_camel(name) for name in self.derived}
+        return {key: value for key, value in wire.items() if key not in derived}

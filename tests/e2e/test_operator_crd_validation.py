@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from fleet_operator.records import observe_target
+from rollout_runtime.health import ProbeSettings
 from support.controlplane import ControlPlane
 from support.operator import ROLLOUT_FLEET_CLI
 
@@ -46,6 +48,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "timeout not below period",
         shard({**OK, "probe": {"periodSeconds": 2, "timeoutSeconds": 2}}),
         "probe.timeoutSeconds must be less than probe.periodSeconds",
+    ),
+    (
+        "period 1 with the old 2 s timeout",
+        shard({**OK, "probe": {"periodSeconds": 1, "timeoutSeconds": 2}}),
+        "probe.timeoutSeconds must be less than probe.periodSeconds, or probes of one target overlap",
     ),
     (
         "failure threshold zero",
@@ -146,15 +153,34 @@ def test_examples_are_accepted_and_defaulted(fleet_crds: ControlPlane, fleet_nam
     stored = fleet_crds.kubectl_json("get", "generationshard", "vllm-1", "-n", fleet_namespace)
     assert stored["spec"]["probe"] == {
         "path": "/health",
-        "periodSeconds": 5,
-        "timeoutSeconds": 2,
+        "periodSeconds": 5,  # no timeoutSeconds: unset, it follows the period (2 s at 5 s)
         "failureThreshold": 3,
         "successThreshold": 2,
         "checkModel": True,  # a GenerationShard with a model checks /v1/models unless told not to
     }
+    observed = observe_target("GenerationShard", stored, "cluster.local")
+    assert observed.spec is not None
+    assert observed.spec.probe.timeout_seconds == 2.0
     assert stored["spec"]["serviceRef"] == {"name": "vllm-1", "port": 8000, "scheme": "http"}
     policy = fleet_crds.kubectl_json("get", "rolloutfleet", "demo", "-n", fleet_namespace)["spec"]["policy"]
     assert (policy["stallAction"], policy["maxSkippedPrompts"], policy["healthyWaitSeconds"]) == ("abort", 0, 30)
+
+
+def test_a_period_alone_is_accepted_and_the_operator_derives_the_timeout_from_it(
+    fleet_crds: ControlPlane, fleet_namespace: str
+) -> None:
+    """``probe: {periodSeconds: 1}`` once got the CRD's 2 s timeout default and was then refused by the CEL rule;
+    now the API server leaves the timeout unset and the operator reads min(2 s, period / 2), as the runtime does."""
+    result = apply(fleet_crds, fleet_namespace, shard({**OK, "probe": {"periodSeconds": 1}}, name="fast"))
+    assert result.returncode == 0, result.stderr
+    stored = fleet_crds.kubectl_json("get", "generationshard", "fast", "-n", fleet_namespace)
+    assert "timeoutSeconds" not in stored["spec"]["probe"], stored["spec"]["probe"]
+    assert stored["spec"]["probe"]["failureThreshold"] == 3  # the other fields are still defaulted
+    observed = observe_target("GenerationShard", stored, "cluster.local")
+    assert observed.invalid is None, observed.invalid
+    assert observed.spec is not None
+    assert (observed.spec.probe.period_seconds, observed.spec.probe.timeout_seconds) == (1, 0.5)
+    assert observed.spec.probe.timeout_seconds == ProbeSettings(period_seconds=1).timeout_seconds
 
 
 def test_pod_examples_are_accepted_by_the_crds(fleet_crds: ControlPlane, fleet_namespace: str) -> None:

@@ -1,7 +1,8 @@
 """The operator under its least privilege and through an API server outage (real kube-apiserver, real sim shards).
 
-- With exactly the RBAC rules the Helm chart grants (listed in ``OPERATOR_RULES``; the chart engineer's table), the
-  operator primes, watches, probes, writes statuses and Events and holds its Lease: nothing else is needed.
+- With exactly the RBAC rules the Helm chart grants (its Roles rendered by helm in namespaced mode and applied as
+  they are), the operator primes, watches, probes, writes statuses and Events and holds its Lease: nothing else is
+  needed.
 - When the kube-apiserver is killed and restarted, the watches reconnect and the operator keeps reconciling.
 """
 
@@ -9,54 +10,31 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rollout_runtime.sim import SimFleet
 from support.controlplane import ControlPlane
+from support.helm import Helm
 from support.operator import OperatorProcess, api_client, fleet_objects, published_names, status_of, wait_for_object
+from support.trainer import operator_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
 PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
-OPERATOR_RULES: list[dict[str, Any]] = [
-    {
-        "apiGroups": ["rolloutfleet.dev"],
-        "resources": ["generationshards", "environmentservers", "rolloutfleets", "policyversions"],
-        "verbs": ["list", "watch"],
-    },
-    {
-        "apiGroups": ["rolloutfleet.dev"],
-        "resources": ["generationshards/status", "environmentservers/status", "rolloutfleets/status"],
-        "verbs": ["patch"],
-    },
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},  # pod members (podDiscovery)
-    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-]
 
 
-async def test_the_operator_needs_nothing_beyond_the_documented_rbac_rules(
-    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
+async def test_the_operator_needs_nothing_beyond_the_charts_rbac_rules(
+    fleet_crds: ControlPlane,
+    fleet_namespace: str,
+    tmp_path: Path,
+    helm: Helm,
+    operator_processes: list[OperatorProcess],
 ) -> None:
     ns = fleet_namespace
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "op"},
-        "rules": OPERATOR_RULES,
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "op"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "op"},
-        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}],
-    }
-    fleet_crds.apply(role, binding, namespace=ns)
-    kubeconfig = fleet_crds.service_account_kubeconfig(ns, "operator")
+    kubeconfig = operator_kubeconfig(fleet_crds, helm, ns)
+    rules = fleet_crds.kubectl_json("get", "role", "rf-rollout-fleet", "-n", ns)["rules"]
+    assert {"pods", "endpointslices", "policyversions"} <= {r for rule in rules for r in rule["resources"]}, rules
     async with SimFleet(2, log_dir=tmp_path / "sim") as fleet, api_client(fleet_crds.kubeconfig) as api:
         fleet_crds.apply(
             *fleet_objects(fleet.shards, PROBE, environment_endpoint=fleet.shards[0].endpoint), namespace=ns

@@ -9,49 +9,25 @@ watching the API, never by sleeping.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.shards import KubernetesShardSource, PolicyVersionWriter
-from rollout_runtime.sim import SimFleet
-from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk, weights_verdict
+from rollout_runtime.weights import weights_verdict
 from support.controlplane import ControlPlane
 from support.deadlines import within
 from support.helm import Helm
-from support.operator import OperatorProcess, api_client, status_of, wait_for_object
+from support.operator import OperatorProcess, published_names, status_of, wait_for_object
 from support.trainer import trainer_kubeconfig
+from support.weights import WeightsFleet
 
 pytestmark = pytest.mark.e2e
-
-API = "rolloutfleet.dev/v1alpha1"
-PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
-
-
-def shard_object(name: str, endpoint: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "GenerationShard",
-        "metadata": {"name": name, "labels": {"fleet": "a"}},
-        "spec": {"endpoint": endpoint, "model": "sim-model", "maxModelLen": 4096, "probe": PROBE},
-    }
-
-
-def fleet_object() -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "RolloutFleet",
-        "metadata": {"name": "a"},
-        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}, "minReadyShards": 0},
-    }
-
-
-def in_set(obj: dict[str, Any]) -> set[str]:
-    return {entry["name"] for entry in status_of(obj).get("shards", [])}
 
 
 def weights_of(obj: dict[str, Any]) -> dict[str, int | None]:
@@ -96,9 +72,7 @@ def test_the_trainer_role_grants_the_policy_version_and_nothing_else(
 
 
 async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_each_back(
-    fleet_crds: ControlPlane,
-    fleet_namespace: str,
-    helm: Helm,
+    weights_fleet: Callable[[int], AbstractAsyncContextManager[WeightsFleet]],
     tmp_path: Path,
     operator_processes: list[OperatorProcess],
 ) -> None:
@@ -106,32 +80,17 @@ async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_
     publishes 2: every shard lags (maxWeightsLag 0), is Stale and routed nothing; refitting one brings only it back.
     The runtime's FleetWeights (KubernetesShardSource.weights) sees the same, so its gate commits only on-policy
     answers."""
-    ns = fleet_namespace
-    trainer = trainer_kubeconfig(fleet_crds, helm, ns)
-    async with (
-        SimFleet(2, log_dir=tmp_path / "sim") as fleet,
-        api_client(fleet_crds.kubeconfig) as api,
-        aiohttp.ClientSession() as http,
-    ):
-        fleet_crds.apply(*(shard_object(s.name, s.endpoint) for s in fleet.shards), fleet_object(), namespace=ns)
-        operator = OperatorProcess(fleet_crds, ns, tmp_path, identity="op-w")
+    async with weights_fleet(2) as shards:
+        ns, api, names, push = shards.namespace, shards.api, shards.names, shards.push
+        operator = OperatorProcess(shards.plane, ns, tmp_path, identity="op-w")
         operator_processes.append(operator)
         operator.start()
         await operator.wait_role("leader")
-        names = set(fleet.names)
-        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: in_set(o) == names)
-
-        async def push(name: str, version: int) -> None:
-            await update_weights_from_disk(http, fleet.shard(name).endpoint, f"/ckpt/step-{version}", version)
-
-        identity = SGLangWeightVersion()
-
-        async def instance(name: str) -> str | None:
-            return await identity.identity(http, name, fleet.shard(name).endpoint)
+        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == names)
 
         async with (
-            client.ApiClient(await load_client_configuration(trainer)) as trainer_api,
-            PolicyVersionWriter("a", ns, api_client=trainer_api, instance=instance) as writer,
+            client.ApiClient(await load_client_configuration(shards.trainer)) as trainer_api,
+            PolicyVersionWriter("a", ns, api_client=trainer_api, instance=shards.instance) as writer,
         ):
             await writer.publish(1)
             failures = await writer.refit_all(1, lambda name: push(name, 1), sorted(names))
@@ -140,7 +99,7 @@ async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_
                 api, "rolloutfleets", ns, "a", lambda o: weights_of(o) == dict.fromkeys(names, 1)
             )
             assert status_of(on_policy)["policyVersion"] == 1
-            assert in_set(on_policy) == names
+            assert published_names(on_policy) == names
             shard = await wait_for_object(
                 api, "generationshards", ns, "shard-0", lambda o: status_of(o).get("weightsVersion") == 1
             )
@@ -154,7 +113,7 @@ async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_
                 "a",
                 lambda o: status_of(o).get("policyVersion") == 2 and status_of(o).get("staleShards") == len(names),
             )
-            assert in_set(lagging) == set(), "shards lagging beyond maxWeightsLag must get no traffic"
+            assert published_names(lagging) == set(), "shards lagging beyond maxWeightsLag must get no traffic"
             source = KubernetesShardSource("a", ns, api_client=trainer_api)
             async with contextlib.aclosing(source.snapshots()) as snapshots:
                 snapshot = await within(anext(snapshots), "KubernetesShardSource's first snapshot")
@@ -166,7 +125,11 @@ async def test_a_published_policy_makes_lagging_shards_stale_and_a_refit_brings_
             async with writer.refit("shard-0", 2):
                 await push("shard-0", 2)
             back = await wait_for_object(
-                api, "rolloutfleets", ns, "a", lambda o: in_set(o) == {"shard-0"} and status_of(o)["staleShards"] == 1
+                api,
+                "rolloutfleets",
+                ns,
+                "a",
+                lambda o: published_names(o) == {"shard-0"} and status_of(o)["staleShards"] == 1,
             )
             assert weights_of(back) == {"shard-0": 2, "shard-1": None}
             async with contextlib.aclosing(source.snapshots()) as snapshots:

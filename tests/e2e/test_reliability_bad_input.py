@@ -136,7 +136,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "negative probe period",
         shard("pneg", {**OK, "probe": {"periodSeconds": -1}}),
-        "probe.timeoutSeconds must be less than probe.periodSeconds",
+        "spec.probe.periodSeconds in body should be greater than or equal to",  # to 0: an integer meets int64(0.05)
     ),
     # EnvironmentServer
     ("protocol not a DNS label", env("proto", {**OK, "protocol": "Episode_V1"}), "spec.protocol in body should match"),

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -28,56 +27,21 @@ from rollout_runtime.health import HttpProber
 from rollout_runtime.kube import kinds
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.shards import KubernetesShardSource, PolicyVersionWriter
-from rollout_runtime.sim import SimFleet
-from rollout_runtime.weights import SGLangWeightVersion, update_weights_from_disk, weights_verdict
-from support.controlplane import ControlPlane
+from rollout_runtime.weights import weights_verdict
 from support.deadlines import within
-from support.helm import Helm
-from support.operator import api_client, status_of, wait_for_object
-from support.trainer import trainer_kubeconfig
+from support.operator import api_client, published_names, status_of, wait_for_object
+from support.weights import WeightsFleet
 
 pytestmark = pytest.mark.e2e
 
-API = "rolloutfleet.dev/v1alpha1"
 GS = "GenerationShard"
-PROBE = {"periodSeconds": 0.5, "timeoutSeconds": 0.3, "failureThreshold": 2, "successThreshold": 2}
-
-
-def shard_object(name: str, endpoint: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": GS,
-        "metadata": {"name": name, "labels": {"fleet": "a"}},
-        "spec": {"endpoint": endpoint, "model": "sim-model", "maxModelLen": 4096, "probe": PROBE},
-    }
-
-
-def fleet_object() -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "RolloutFleet",
-        "metadata": {"name": "a"},
-        "spec": {"shardSelector": {"matchLabels": {"fleet": "a"}}, "minReadyShards": 1},
-    }
-
-
-def in_set(obj: dict[str, Any]) -> set[str]:
-    return {entry["name"] for entry in status_of(obj).get("shards", [])}
 
 
 async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing_until_refit(
-    fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, helm: Helm
+    weights_fleet: Callable[[int], AbstractAsyncContextManager[WeightsFleet]],
 ) -> None:
-    ns = fleet_namespace
-    identity = SGLangWeightVersion()
-    trainer = trainer_kubeconfig(fleet_crds, helm, ns)
-    async with (
-        SimFleet(3, log_dir=tmp_path / "sim") as fleet,
-        api_client(fleet_crds.kubeconfig) as api,
-        api_client(trainer) as trainer_api,
-        aiohttp.ClientSession() as http,
-    ):
-        fleet_crds.apply(*(shard_object(s.name, s.endpoint) for s in fleet.shards), fleet_object(), namespace=ns)
+    async with weights_fleet(3) as shards, api_client(shards.trainer) as trainer_api:
+        ns, api, sims = shards.namespace, shards.api, shards.sims
         settings = OperatorSettings(
             namespaces=[ns],
             probe_allow_loopback=True,
@@ -86,23 +50,19 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
             leader_election=False,
             http_port=0,
         )
-        kube = KubeClient(await load_client_configuration(fleet_crds.kubeconfig), component="e2e", instance="e2e-0")
+        kube = KubeClient(await load_client_configuration(shards.plane.kubeconfig), component="e2e", instance="e2e-0")
         prober = HttpProber(settings.probe_policy())
         engine = FleetEngine(settings, kube, prober)
-        names = set(fleet.names)
-
-        async def instance(name: str) -> str | None:
-            return await identity.identity(http, name, fleet.shard(name).endpoint)
-
-        writer = PolicyVersionWriter("a", ns, api_client=trainer_api, instance=instance)
+        names = shards.names
+        writer = PolicyVersionWriter("a", ns, api_client=trainer_api, instance=shards.instance)
         custom = client.CustomObjectsApi(api)
 
         async def refit(name: str, version: int) -> None:
             """What the trainer does (push the weights inside the writer's refit: the PolicyVersion records the
             version and the instance they landed on), then what discovery and kopf's watch hand the operator."""
             async with writer.refit(name, version):
-                await update_weights_from_disk(http, fleet.shard(name).endpoint, f"/ckpt/step-{version}", version)
-            landed = await instance(name)
+                await shards.push(name, version)
+            landed = await shards.instance(name)
             assert landed == f"weight_version:{version}"
             await engine.observe_instance(GS, ns, name, landed)
             stored = await custom.get_namespaced_custom_object(kinds.GROUP, kinds.VERSION, ns, "policyversions", "a")
@@ -114,7 +74,7 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
         await engine.prime()
         running = asyncio.create_task(engine.run(), name="engine")
         try:
-            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: in_set(o) == names)
+            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == names)
             await writer.publish(1)
             for name in sorted(names):
                 await refit(name, 1)
@@ -122,9 +82,9 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
                 api, "generationshards", ns, "shard-0", lambda o: status_of(o).get("weightsVersion") == 1
             )
 
-            await fleet.kill("shard-0")
-            await fleet.restart("shard-0")
-            restarted = await identity.identity(http, "shard-0", fleet.shard("shard-0").endpoint)
+            await sims.kill("shard-0")
+            await sims.restart("shard-0")
+            restarted = await shards.instance("shard-0")
             assert restarted == "weight_version:default", "the restart did not reset the weights"
             transition = await engine.observe_instance(GS, ns, "shard-0", restarted)
             assert transition is not None
@@ -139,9 +99,9 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
                 "rolloutfleets",
                 ns,
                 "a",
-                lambda o: status_of(o).get("staleShards") == 1 and "shard-0" not in in_set(o),
+                lambda o: status_of(o).get("staleShards") == 1 and "shard-0" not in published_names(o),
             )
-            assert in_set(fleet_obj) == names - {"shard-0"}
+            assert published_names(fleet_obj) == names - {"shard-0"}
 
             source = KubernetesShardSource("a", ns, api_client=trainer_api)  # the trainer Role suffices
             async with contextlib.aclosing(source.snapshots()) as snapshots:
@@ -161,7 +121,11 @@ async def test_a_restarted_shard_is_stale_in_status_and_fleet_and_routed_nothing
                 lambda o: status_of(o).get("phase") == "Healthy" and status_of(o).get("weightsVersion") == 1,
             )
             await wait_for_object(
-                api, "rolloutfleets", ns, "a", lambda o: status_of(o).get("staleShards") == 0 and in_set(o) == names
+                api,
+                "rolloutfleets",
+                ns,
+                "a",
+                lambda o: status_of(o).get("staleShards") == 0 and published_names(o) == names,
             )
         finally:
             running.cancel()

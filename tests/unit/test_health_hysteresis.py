@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollout_runtime.health import HealthPhase, HealthState, ProbeReason, ProbeResult, ProbeSettings, Transition
+from rollout_runtime.health.hysteresis import derived_timeout_seconds
 
 OK = ProbeResult.success()
 FAIL = ProbeResult.failure(ProbeReason.CONNECT, "connection refused")
@@ -57,6 +58,32 @@ def test_probe_settings_defaults_match_the_crd_defaults() -> None:
 def test_probe_settings_reject_invalid_values(overrides: dict[str, object], complaint: str) -> None:
     with pytest.raises(ValidationError, match=complaint):
         ProbeSettings.model_validate(overrides)
+
+
+@pytest.mark.parametrize(
+    ("given", "timeout"),
+    [
+        ({"period_seconds": 1}, 0.5),
+        ({"periodSeconds": 1}, 0.5),
+        ({"period_seconds": 3}, 1.5),
+        ({"period_seconds": 4}, 2.0),
+        ({"period_seconds": 60}, 2.0),
+        ({"period_seconds": 1, "timeout_seconds": 0.2}, 0.2),
+    ],
+)
+def test_probe_timeout_follows_the_period_when_only_the_period_is_given(
+    given: dict[str, float], timeout: float
+) -> None:
+    assert ProbeSettings.model_validate(given).timeout_seconds == pytest.approx(timeout)
+
+
+@given(st.floats(min_value=0.05, max_value=3600, allow_nan=False))
+def test_a_period_alone_is_always_valid(period: float) -> None:
+    """Whatever the period, the timeout derived from it is positive, at most 2 s and below the period."""
+    settings = ProbeSettings(period_seconds=period)
+    assert settings.timeout_seconds == derived_timeout_seconds(period)
+    assert 0 < settings.timeout_seconds <= 2.0
+    assert settings.timeout_seconds < settings.period_seconds
 
 
 def test_probe_settings_accept_kubernetes_camel_case_and_dump_it() -> None:

@@ -27,6 +27,58 @@ def test_probe_defaults_follow_the_design() -> None:
     assert (probe.failure_threshold, probe.success_threshold) == (3, 2)
 
 
+def _probe_schemas(node: Any) -> list[dict[str, Any]]:
+    """Every probe object schema in a rendered CRD (the nodes with both periodSeconds and timeoutSeconds)."""
+    if isinstance(node, list):
+        return [found for item in node for found in _probe_schemas(item)]
+    if not isinstance(node, dict):
+        return []
+    here = [node] if {"periodSeconds", "timeoutSeconds"} <= set(node.get("properties", {})) else []
+    return here + [found for value in node.values() for found in _probe_schemas(value)]
+
+
+def test_the_crds_leave_the_probe_timeout_unset_so_it_follows_the_period() -> None:
+    """No default for timeoutSeconds anywhere a probe is (a 2 s default would make periodSeconds 1 alone invalid),
+    the omitted probe's own default leaves it out too, and the CEL rule holds while it is unset."""
+    probes = [probe for info in KINDS for probe in _probe_schemas(render_crd(info))]
+    assert len(probes) == 4  # GenerationShard, EnvironmentServer, RolloutFleet's shardPods and environmentPods
+    for probe in probes:
+        assert "default" not in probe["properties"]["timeoutSeconds"]
+        assert probe["properties"]["periodSeconds"]["default"] == 5.0
+        assert "timeoutSeconds" not in probe["default"]
+        (rule,) = (r for r in probe["x-kubernetes-validations"] if r["fieldPath"] == ".timeoutSeconds")
+        assert rule["rule"] == "!has(self.timeoutSeconds) || (self.timeoutSeconds < self.periodSeconds)"
+
+
+@pytest.mark.parametrize(
+    ("stored", "timeout"),
+    [
+        ({"periodSeconds": 1}, 0.5),
+        ({"periodSeconds": 0.05}, 0.025),
+        ({"periodSeconds": 10}, 2.0),
+        ({"periodSeconds": 5}, 2.0),
+        ({"periodSeconds": 1, "timeoutSeconds": 0.9}, 0.9),
+        ({}, 2.0),
+    ],
+)
+def test_the_operator_reads_an_unset_probe_timeout_as_the_runtime_derives_it(
+    stored: dict[str, Any], timeout: float
+) -> None:
+    """What the API server stores after defaulting (every probe field but timeoutSeconds) read as the operator
+    reads a spec: the timeout is ProbeSettings' own derivation from the period."""
+    probe = {**PROBE_IN_CLUSTER.object_default(ProbeSpec().to_kube()), **stored}
+    for spec_model in (GenerationShardSpec, EnvironmentServerSpec):
+        read = spec_model.model_validate({"endpoint": "http://10.0.0.7:8000", "probe": probe}).probe
+        assert read.timeout_seconds == pytest.approx(timeout)
+    runtime = ProbeSettings.model_validate({k: v for k, v in probe.items() if k != "checkModel"})
+    assert runtime.timeout_seconds == pytest.approx(timeout)
+
+
+def test_a_cluster_view_cannot_both_derive_and_default_a_field() -> None:
+    with pytest.raises(ValueError, match="derived fields"):
+        ClusterView(scope="probe", defaults={"timeout_seconds": 1.0}, derived=frozenset({"timeout_seconds"}))
+
+
 def test_probe_spec_is_the_runtime_probe_settings_so_hysteresis_takes_it_directly() -> None:
     probe = ProbeSpec(period_seconds=1, timeout_seconds=0.5, failure_threshold=1)
     assert isinstance(probe, ProbeSettings)
@@ -131,7 +183,7 @@ def test_each_rule_is_one_cel_rule_and_one_validator_that_reject_the_same_specs(
     """One rules list: the CRD carries the rule as CEL, and both pydantic models reject exactly what it rejects,
     the CRD model with the CEL message (e2e checks the API server's answer against the same text)."""
     for kind in kinds:
-        assert rule.cel(scope=view.scope) in _cel_rules_at(kind, view.scope)
+        assert rule.cel(scope=view.scope, optional=view.derived) in _cel_rules_at(kind, view.scope)
     broken, kept = _specs(rule, derived)
     messages = {
         derived: rule.message(name=to_camel),

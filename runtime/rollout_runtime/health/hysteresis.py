@@ -73,9 +73,22 @@ __all__ = [
     "ProbeResult",
     "ProbeSettings",
     "Transition",
+    "derived_timeout_seconds",
 ]
 
 DEFAULT_PROBE_TIMEOUT_SECONDS: Final[float] = 2.0
+
+
+def derived_timeout_seconds(period_seconds: float) -> float:
+    """The probe timeout when only the period is given: the smaller of 2 s and half the period, so a short period
+    alone is valid (the timeout stays below it) and the default period keeps the 2 s default.
+
+    The one statement of the rule: ProbeSettings applies it, and a cluster object leaves ``timeoutSeconds`` unset
+    (no CRD default) so the operator applies it too when it reads the object.
+    """
+    return min(DEFAULT_PROBE_TIMEOUT_SECONDS, period_seconds / 2)
+
+
 MAX_PROBE_MESSAGE_CHARS: Final[int] = 512
 """Bound on a probe message: it lands in a CR status and in logs, never in a metric label."""
 
@@ -135,7 +148,8 @@ _PROBE_PATH: Final[re.Pattern[str]] = re.compile(r"^/[^?#\\\s]*$")
 
 
 class ProbeSettings(BaseModel):
-    """How a shard is probed. Defaults follow the CRD: period 5 s, timeout 2 s, failure 3, success 2.
+    """How a shard is probed. Defaults follow the CRD: period 5 s, timeout 2 s (given only a period, the smaller of
+    2 s and half the period), failure 3, success 2.
 
     Field names are snake_case in Python and camelCase (``periodSeconds``) in Kubernetes; both validate.
     """
@@ -149,8 +163,8 @@ class ProbeSettings(BaseModel):
     period_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
     """Seconds between probe starts."""
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_PROBE_TIMEOUT_SECONDS
-    """Deadline for one whole probe (health plus model check); must be less than the period. Given only a period,
-    it follows the period: the smaller of 2 s and half the period."""
+    """Deadline for one whole probe (health plus model check); must be less than the period. Unset, it follows the
+    period: the smaller of 2 s and half the period (2 s at the default period)."""
     failure_threshold: Annotated[int, Field(ge=1, le=1000)] = 3
     """Consecutive failed probes that make a target Unhealthy (out of the healthy set)."""
     success_threshold: Annotated[int, Field(ge=1, le=1000)] = 2
@@ -166,7 +180,7 @@ class ProbeSettings(BaseModel):
             period = data.get("period_seconds", data.get("periodSeconds"))
             if period is not None and "timeout_seconds" not in data and "timeoutSeconds" not in data:
                 with contextlib.suppress(TypeError, ValueError):
-                    data = {**data, "timeout_seconds": min(DEFAULT_PROBE_TIMEOUT_SECONDS, float(period) / 2)}
+                    data = {**data, "timeout_seconds": derived_timeout_seconds(float(period))}
         return data
 
     @field_validator("path")
@@ -184,6 +198,7 @@ PROBE_IN_CLUSTER: Final[ClusterView] = ClusterView(
     rules=PROBE_RULES,
     defaults={"check_model": True},
     minimum={"period_seconds": 0.05, "timeout_seconds": 0.01},
+    derived=frozenset({"timeout_seconds"}),
     schema={
         "path": {
             "pattern": _PROBE_PATH.pattern,
@@ -197,7 +212,9 @@ PROBE_IN_CLUSTER: Final[ClusterView] = ClusterView(
     },
 )
 """A shard's ``spec.probe`` against this model: the operator probes every target of every namespace, so a
-cluster object may not ask for probes faster than every 50 ms; the path check is spelled as a pattern and CEL."""
+cluster object may not ask for probes faster than every 50 ms; the path check is spelled as a pattern and CEL; the
+CRD does not default ``timeoutSeconds`` (the API server would fill in 2 s and then reject ``periodSeconds: 1``), so
+it follows the period as it does here (:func:`derived_timeout_seconds`)."""
 
 
 def _bounded(text: str, limit: int = MAX_PROBE_MESSAGE_CHARS) -> str:

@@ -196,6 +196,7 @@ class KubernetesShardSource:
         (default: this pod, :meth:`OwnerRef.from_environment`) so it is garbage-collected with it.
 
         Labels default to ``rolloutfleet.dev/fleet: <fleet>`` (the fleet's shardSelector must select them).
+        ``probe`` takes ProbeSettings fields, checked before the write (:func:`~.registration.probe_spec`).
         Registering the same name again with the same owner updates its spec (idempotent across trainer retries);
         a name owned by something else is a ``ValueError``. Needs the registrar role (chart ``rbac.registrar``).
         """

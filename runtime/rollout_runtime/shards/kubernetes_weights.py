@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.kube.kinds import API_VERSION, GROUP, POLICY_VERSION, VERSION
+from rollout_runtime.weights import refit as shared
 
 __all__ = ["FleetWeights", "PolicyVersionWriter", "RefitPhase"]
 
@@ -140,60 +141,31 @@ class PolicyVersionWriter:
     async def publish(self, version: int) -> None:
         """The trainer's policy is now ``version`` (a step; monotonic). The operator marks every shard that now lags
         it by more than the fleet's ``maxWeightsLag`` Stale."""
-        if version < 0:
-            raise ValueError(f"a policy version is a step >= 0, got {version}")
-        if self._policy_version is not None and version < self._policy_version:
-            raise ValueError(f"policy version went backwards: {self._policy_version} -> {version}")
-        self._policy_version = version
+        self._policy_version = shared.next_policy_version(self._policy_version, version)
         if self._weights is not None:
             self._weights.published(version)  # before the write: a failed write leaves the gate stricter, not looser
         await self._flush()
 
     async def record(self, shard: str, version: int, phase: RefitPhase, instance: str | None = None) -> None:
         """Record the trainer's latest word on one shard's refit (prefer :meth:`refit`)."""
-        if self._policy_version is None or version > self._policy_version:
-            raise ValueError(
-                f"refit to version {version} but the published policy version is {self._policy_version}:"
-                " call publish(version) first"
-            )
+        shared.check_refit_version(self._policy_version, version)
         entry: dict[str, Any] = {"shard": shard, "version": version, "phase": phase, "time": _now()}
         if instance is not None:
             entry["instance"] = instance
         self._refits[shard] = entry
         await self._flush()
 
-    @contextlib.asynccontextmanager
-    async def refit(self, shard: str, version: int) -> AsyncIterator[None]:
+    def refit(self, shard: str, version: int) -> contextlib.AbstractAsyncContextManager[None]:
         """Around the trainer's weight update of one shard: Refitting (no traffic) inside; Succeeded (with the
-        instance read after the update) on a clean exit; Failed (Stale) on an exception, which propagates."""
-        await self.record(shard, version, "Refitting")
-        try:
-            yield
-            instance = await self._instance(shard) if self._instance is not None else None
-        except BaseException:
-            with contextlib.suppress(Exception):  # the update's own failure is the one to report
-                await self.record(shard, version, "Failed")
-            raise
-        await self.record(shard, version, "Succeeded", instance)
+        instance read after the update) on a clean exit; Failed (Stale) on an exception, which propagates (the
+        sequence both writers share: :func:`rollout_runtime.weights.refit.refit`)."""
+        return shared.refit(_WriterSteps(self), shard, version)
 
     async def refit_all(
         self, version: int, update: Callable[[str], Awaitable[object]], shards: Iterable[str]
     ) -> dict[str, BaseException]:
         """Refit ``shards`` concurrently with ``update(name)``; return the failures by shard (each stays Stale)."""
-        names = list(shards)
-
-        async def one(name: str) -> None:
-            async with self.refit(name, version):
-                await update(name)
-
-        results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
-        failures: dict[str, BaseException] = {}
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-            if isinstance(result, BaseException):
-                failures[name] = result
-        return failures
+        return await shared.refit_all(self.refit, version, update, shards)
 
     def _spec(self) -> dict[str, Any]:
         return {
@@ -266,3 +238,28 @@ class PolicyVersionWriter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class _WriterSteps:
+    """The refit steps in cluster mode: each is a PolicyVersion write the operator turns into the shard's health
+    (see :class:`rollout_runtime.weights.refit.RefitSteps`)."""
+
+    def __init__(self, writer: PolicyVersionWriter) -> None:
+        self._writer = writer
+
+    @property
+    def policy_version(self) -> int | None:
+        return self._writer.policy_version
+
+    async def begin(self, shard: str, version: int) -> None:
+        await self._writer.record(shard, version, "Refitting")
+
+    async def identity_after(self, shard: str) -> str | None:
+        instance = self._writer._instance
+        return await instance(shard) if instance is not None else None
+
+    async def succeeded(self, shard: str, version: int, identity: str | None) -> None:
+        await self._writer.record(shard, version, "Succeeded", identity)
+
+    async def failed(self, shard: str, version: int, message: str) -> None:
+        await self._writer.record(shard, version, "Failed")

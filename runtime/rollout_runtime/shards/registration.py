@@ -16,10 +16,12 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
+from rollout_runtime.health.hysteresis import ProbeSettings
 from rollout_runtime.kube.kinds import API_VERSION, GENERATION_SHARD
 
-__all__ = ["FLEET_LABEL", "OwnerRef", "registered_shard"]
+__all__ = ["FLEET_LABEL", "OwnerRef", "probe_spec", "registered_shard"]
 
 FLEET_LABEL: Final[str] = "rolloutfleet.dev/fleet"
 """The label a registered shard carries by default: ``shardSelector: {matchLabels: {rolloutfleet.dev/fleet: <fleet>}}``
@@ -53,6 +55,21 @@ class OwnerRef(BaseModel):
         return {"apiVersion": _OWNER_API_VERSIONS[self.kind], "kind": self.kind, "name": self.name, "uid": self.uid}
 
 
+def probe_spec(probe: Mapping[str, Any]) -> dict[str, Any]:
+    """A GenerationShard's ``spec.probe`` from the fields given (snake_case or camelCase names).
+
+    ``ProbeSettings`` checks them first, so a bad probe fails here saying what to fix (the API server would drop a
+    snake_case name silently). Only the given fields are written: the CRD defaults the rest (``checkModel`` on) and
+    an unset timeout follows the period when the operator reads the object, as it does in ``ProbeSettings``.
+    """
+    wire = ProbeSettings.model_validate(dict(probe)).model_dump(mode="json", by_alias=True)
+    return {
+        to_camel(name): wire[to_camel(name)]
+        for name in ProbeSettings.model_fields
+        if {name, to_camel(name)} & set(probe)
+    }
+
+
 def registered_shard(
     name: str,
     endpoint: str,
@@ -69,7 +86,7 @@ def registered_shard(
     if max_model_len is not None:
         spec["maxModelLen"] = max_model_len
     if probe is not None:
-        spec["probe"] = dict(probe)
+        spec["probe"] = probe_spec(probe)
     return {
         "apiVersion": API_VERSION,
         "kind": GENERATION_SHARD.kind,

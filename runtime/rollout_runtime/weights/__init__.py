@@ -3,6 +3,8 @@
 - :mod:`.gate`: the pure commit decision (:func:`weights_verdict`) and what the dispatcher reads (:class:`WeightsView`).
 - :mod:`.identity`: pluggable instance-identity sources (SGLang, vLLM, ``/metrics`` start time, supplied, outage).
 - :mod:`.tracker`: the trainer's API (:class:`WeightsTracker`: publish, refit, refit_all, identity polling).
+- :mod:`.refit`: the refit sequence (drain, update, identity, record; Stale on failure) and the version rules that
+  :class:`WeightsTracker` and the cluster's ``PolicyVersionWriter`` share.
 - :mod:`.refitter`: SGLang's ``update_weights_from_disk`` as an update function; :class:`StaleRefitter` refits
   shards that came back Stale.
 
@@ -21,8 +23,9 @@ from rollout_runtime.weights.identity import (
     parse_process_start_time,
     parse_weight_version,
 )
+from rollout_runtime.weights.refit import RefitError
 from rollout_runtime.weights.refitter import StaleRefitter, update_weights_from_disk
-from rollout_runtime.weights.tracker import RefitError, StateHost, WeightsTracker
+from rollout_runtime.weights.tracker import StateHost, WeightsTracker
 
 __all__ = [
     "DEFAULT_IDENTITY_TIMEOUT_SECONDS",

@@ -32,7 +32,9 @@ from typing import Protocol
 import aiohttp
 
 from rollout_runtime.health.hysteresis import HealthState, Transition
+from rollout_runtime.weights import refit as shared
 from rollout_runtime.weights.identity import IdentitySource
+from rollout_runtime.weights.refit import RefitError
 
 __all__ = ["RefitError", "StateHost", "WeightsTracker"]
 
@@ -54,10 +56,6 @@ class StateHost(Protocol):
 
 def _marker(message: str) -> StateChange:
     return lambda state: state.mark_stale(message)
-
-
-class RefitError(RuntimeError):
-    """A refit could not be confirmed (the update raised, or the shard's identity could not be read after it)."""
 
 
 class WeightsTracker:
@@ -126,42 +124,20 @@ class WeightsTracker:
 
     def set_policy_version(self, version: int) -> None:
         """Record the policy version without marking lagging shards (prefer :meth:`publish`)."""
-        if version < 0:
-            raise ValueError(f"a policy version is a step >= 0, got {version}")
-        if self._policy_version is not None and version < self._policy_version:
-            raise ValueError(f"policy version went backwards: {self._policy_version} -> {version}")
-        self._policy_version = version
+        self._policy_version = shared.next_policy_version(self._policy_version, version)
 
     @contextlib.asynccontextmanager
     async def refit(self, shard: str, version: int) -> AsyncIterator[None]:
         """Around the trainer's weight update of one shard: Refitting (no traffic) inside; on a clean exit the
         shard's identity is re-read and the version recorded for it; on an exception (or an unreadable identity)
-        the shard is left Stale and the exception propagates.
+        the shard is left Stale and the exception propagates (the sequence both writers share: :func:`.refit.refit`).
 
         ``version`` must not be ahead of the published policy version (publish first).
         """
         if shard not in self._host.states:
             raise KeyError(f"unknown shard {shard!r}")
-        if self._policy_version is None or version > self._policy_version:
-            raise ValueError(
-                f"refit to version {version} but the published policy version is {self._policy_version}:"
-                " call publish(version) first"
-            )
-        self._refits[shard] = self._refits.get(shard, 0) + 1
-        await self._host.change_state(shard, HealthState.begin_refit)
-        try:
+        async with shared.refit(_TrackerSteps(self), shard, version):
             yield
-            identity = None
-            if self.identity is not None:
-                identity = await self.read_identity(shard)
-                if identity is None:
-                    raise RefitError(f"shard {shard}: could not read its identity after the update")
-        except BaseException as exc:
-            message = f"{type(exc).__name__}: {exc}"[:400]
-            await self._host.change_state(shard, lambda s: s.refit_failed(message))
-            log.warning("refit of shard %s to version %d failed: %s", shard, version, message)
-            raise
-        await self._host.change_state(shard, lambda s: s.refit_succeeded(version, identity=identity))
 
     async def refit_all(
         self, version: int, update: Callable[[str], Awaitable[object]], shards: Iterable[str] | None = None
@@ -170,20 +146,7 @@ class WeightsTracker:
 
         One shard's failure does not stop the others; a failed shard stays Stale.
         """
-        names = list(self._host.states) if shards is None else list(shards)
-
-        async def one(name: str) -> None:
-            async with self.refit(name, version):
-                await update(name)
-
-        results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
-        failures: dict[str, BaseException] = {}
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-            if isinstance(result, BaseException):
-                failures[name] = result
-        return failures
+        return await shared.refit_all(self.refit, version, update, self._host.states if shards is None else shards)
 
     # -- identity -------------------------------------------------------------------------------------------
 
@@ -240,3 +203,33 @@ class WeightsTracker:
         if self._owned_session is not None:
             await self._owned_session.close()
             self._owned_session = None
+
+
+class _TrackerSteps:
+    """The refit steps in local mode: the shard's HealthState is the record (see :class:`.refit.RefitSteps`)."""
+
+    def __init__(self, tracker: WeightsTracker) -> None:
+        self._tracker = tracker
+        self._host = tracker._host
+
+    @property
+    def policy_version(self) -> int | None:
+        return self._tracker.policy_version
+
+    async def begin(self, shard: str, version: int) -> None:
+        self._tracker._refits[shard] = self._tracker._refits.get(shard, 0) + 1
+        await self._host.change_state(shard, HealthState.begin_refit)
+
+    async def identity_after(self, shard: str) -> str | None:
+        if self._tracker.identity is None:
+            return None
+        identity = await self._tracker.read_identity(shard)
+        if identity is None:
+            raise RefitError(f"shard {shard}: could not read its identity after the update")
+        return identity
+
+    async def succeeded(self, shard: str, version: int, identity: str | None) -> None:
+        await self._host.change_state(shard, lambda s: s.refit_succeeded(version, identity=identity))
+
+    async def failed(self, shard: str, version: int, message: str) -> None:
+        await self._host.change_state(shard, lambda s: s.refit_failed(message))
