@@ -176,3 +176,15 @@ def test_nothing_is_held_with_ejection_disabled_or_an_empty_backoff() -> None:
     t = tracker()
     t.eject("a", now=0, wall=0, healthy=NAMES)
     assert t.hold("a", now=0, schedule=lambda n: 1.0) is None, "an ejected shard is not held as well"
+
+
+def test_a_probe_restores_only_past_the_grace_of_the_ejections_in_a_row() -> None:
+    """A probe that passes all along (a 503 burst behind a 200 /health) would bring a shard back every period; the
+    grace, the caller's backoff for the n-th ejection in a row, spaces those trials out."""
+    t = EjectionTracker(10, 80, 50, probe_grace=lambda n: 0.5 * 2 ** (n - 1))
+    t.eject("a", now=0, wall=100, healthy=NAMES)
+    assert t.probes_succeeded({"a": 100.4}, now=0.4) == [], "within the first grace"
+    assert t.probes_succeeded({"a": 100.5}, now=0.5) == ["a"]
+    t.eject("a", now=1, wall=101, healthy=NAMES)
+    assert t.probes_succeeded({"a": 101.9}, now=1.9) == [], "the second ejection in a row has twice the grace"
+    assert t.probes_succeeded({"a": 102.0}, now=2) == ["a"]

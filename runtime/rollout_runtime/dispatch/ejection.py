@@ -5,7 +5,9 @@ So an infra failure on a shard ejects it from this runtime's view immediately, f
 ``base * 2 ** (n - 1)`` seconds capped at ``max`` (n = its ejections in a row; the count is forgotten once
 the shard has stayed un-ejected for ``max`` seconds). It returns when the time runs out, or earlier when an
 active probe succeeds *after* the ejection (``HealthySet.probe_ok_at``): Envoy's
-``successful_active_health_check_uneject_host``.
+``successful_active_health_check_uneject_host``, once the probe is at least ``probe_grace(n)`` past the n-th
+ejection in a row (the caller's backoff). A probe that passes all along (a 503 burst behind a 200 ``/health``) then
+brings a shard back for a trial at a growing interval rather than on every probe period.
 
 A returning shard is **on trial** (a circuit breaker's half-open state): it takes one attempt at a time until one
 succeeds, and a failed trial ejects it again for twice as long. A shard that failed in a way its probe cannot see
@@ -68,9 +70,17 @@ class _Record:
 class EjectionTracker:
     """Which shards this runtime has ejected, and when they return."""
 
-    def __init__(self, base_seconds: float, max_seconds: float, max_percent: float) -> None:
+    def __init__(
+        self,
+        base_seconds: float,
+        max_seconds: float,
+        max_percent: float,
+        *,
+        probe_grace: Callable[[int], float] | None = None,
+    ) -> None:
         if base_seconds <= 0 or max_seconds < base_seconds:
             raise ValueError(f"need 0 < base_seconds <= max_seconds, got {base_seconds} and {max_seconds}")
+        self._probe_grace = probe_grace or (lambda count: 0.0)
         self._base = base_seconds
         self._max = max_seconds
         self._percent = max_percent
@@ -162,11 +172,14 @@ class EjectionTracker:
         return sorted(done)
 
     def probes_succeeded(self, probe_ok_at: Mapping[str, float], now: float) -> list[str]:
-        """Return (and restore) the ejected shards with a successful probe strictly after their ejection."""
+        """Return (and restore) the ejected shards with a successful probe strictly after their ejection, and at
+        least its probe grace after it."""
         done = [
             name
             for name in self._ejected
-            if (ok := probe_ok_at.get(name)) is not None and ok > self._records[name].ejected_wall
+            if (ok := probe_ok_at.get(name)) is not None
+            and ok > (record := self._records[name]).ejected_wall
+            and ok >= record.ejected_wall + self._probe_grace(record.count)
         ]
         for name in done:
             self._restore(name, now)

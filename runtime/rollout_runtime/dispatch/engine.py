@@ -652,8 +652,12 @@ class Dispatcher:
         self._ledger = ledger
         if ledger is None and self.policy.failure_ledger_path is not None:
             self._ledger = FailureLedger(self.policy.failure_ledger_path)
+        policy = self.policy
         self._ejections = EjectionTracker(
-            self.policy.ejection_base_seconds, self.policy.ejection_max_seconds, self.policy.max_ejection_percent
+            policy.ejection_base_seconds,
+            policy.ejection_max_seconds,
+            policy.max_ejection_percent,
+            probe_grace=lambda count: backoff_seconds(policy, count, 0.0),
         )
         self._evidence = blame.Evidence()
         self._shares = Shares()
