@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterServer, serve_router
 from rollout_runtime.shards import LocalShardSource, StaticShardSource
-from rollout_runtime.shards.model import ShardSource
+from rollout_runtime.shards.model import Shard, ShardSource
 from rollout_runtime.sim import SimFleet
+from rollout_runtime.sim.process import ManagedProcess
 from rollout_runtime.weights import SGLangWeightVersion
 from support.deadlines import within
 
 PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
+STREAM_SHARD = Path(__file__).parent.parent / "support" / "stream_shard.py"
 COMPLETION = {"model": "sim-model", "prompt": "What is 2 + 3?", "max_tokens": 4}
 
 
@@ -111,3 +118,58 @@ async def test_the_weights_version_header_is_the_dispatchers_for_answers_and_str
         for header, shard_says, shard in answers:
             assert header == str(version), f"{shard} answered with header {header} at version {version}"
             assert shard_says == str(version), f"{shard} itself serves {shard_says}"
+
+
+async def _stream_shard(tmp_path: Path, name: str) -> tuple[ManagedProcess, Shard]:
+    argv = [sys.executable, "-P", str(STREAM_SHARD), "--chunks", "3"]
+    process = ManagedProcess(name, argv, tmp_path / f"{name}.log")
+    process.start()
+    ready = await process.wait_ready_line("STREAM_SHARD_READY ", 30)
+    return process, Shard(name=name, endpoint=f"http://127.0.0.1:{ready['port']}")
+
+
+async def test_a_stream_whose_opener_fails_after_prepare_ends_with_the_error_event_not_a_second_response(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a failure after the client's headers went out (inside ``prepare()``) was answered with a JSON
+    502 on the same response, and blamed on the shard. Now the stream ends with the router's error event, is
+    counted, and the shard (which did nothing wrong) stays routable."""
+    injected: list[str] = []
+    prepare = web.StreamResponse.prepare
+
+    async def prepare_then_fail(self: web.StreamResponse, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        writer = await prepare(self, request)
+        if SHARD_HEADER in self.headers and not injected:  # the router's stream to its client, once
+            injected.append(self.headers[SHARD_HEADER])
+            raise RuntimeError("injected: the opener failed after prepare()")
+        return writer
+
+    events = Events()
+    process, shard = await _stream_shard(tmp_path, "stream-a")
+    try:
+        async with routing(StaticShardSource([shard]), events, 1) as (router, server), aiohttp.ClientSession() as http:
+            monkeypatch.setattr(web.StreamResponse, "prepare", prepare_then_fail)
+            body = {**COMPLETION, "stream": True}
+            async with http.post(server.url + "/v1/completions", json=body) as response:
+                status, content_type = response.status, response.headers["Content-Type"]
+                raw = await within(response.read(), "the broken stream's end")
+            async with http.post(server.url + "/v1/completions", json=body) as response:
+                after = response.status, await within(response.read(), "the next stream")
+            interrupted = router.registry.get_sample_value(
+                "router_streams_interrupted_total", {"fleet": "local", "namespace": ""}
+            )
+    finally:
+        process.kill()
+
+    assert injected == ["stream-a"], "the fault never hit the router's stream"
+    assert (status, content_type) == (200, "text/event-stream")
+    assert raw.count(b"event: error") == 1, raw
+    assert b"upstream_error" not in raw, f"a JSON answer followed the stream: {raw!r}"
+    assert b"HTTP/1.1" not in raw, f"a second response followed the stream: {raw!r}"
+    payload = json.loads(raw[raw.index(b"event: error") :].split(b"data: ", 1)[1])
+    assert payload["error"]["type"] == "stream_interrupted"
+    assert "injected" in payload["error"]["message"]
+    assert interrupted == 1
+    assert events.ejected == [], "the shard was blamed for the router's own failure"
+    assert after[0] == 200
+    assert after[1].rstrip().endswith(b"data: [DONE]")
