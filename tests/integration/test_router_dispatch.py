@@ -6,6 +6,7 @@ drive the weights tracker the way a trainer does; the shards are real ``sim-shar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
@@ -20,13 +21,14 @@ from aiohttp.abc import AbstractStreamWriter
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
 from rollout_runtime.health import ProbeSettings
-from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterServer, serve_router
+from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterConfig, RouterServer, serve_router
 from rollout_runtime.shards import LocalShardSource, StaticShardSource
 from rollout_runtime.shards.model import Shard, ShardSource
 from rollout_runtime.sim import SimFleet
-from rollout_runtime.sim.process import ManagedProcess
+from rollout_runtime.sim.process import ManagedProcess, until
 from rollout_runtime.weights import SGLangWeightVersion
 from support.deadlines import within
+from support.dispatch import ControlledSource
 
 PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
 STREAM_SHARD = Path(__file__).parent.parent / "support" / "stream_shard.py"
@@ -173,3 +175,33 @@ async def test_a_stream_whose_opener_fails_after_prepare_ends_with_the_error_eve
     assert events.ejected == [], "the shard was blamed for the router's own failure"
     assert after[0] == 200
     assert after[1].rstrip().endswith(b"data: [DONE]")
+
+
+async def test_a_request_whose_shards_all_leave_mid_request_is_409_and_the_router_keeps_serving() -> None:
+    """The healthy set empties while a request is on a shard: that request waits its healthy wait, then answers
+    409 with the reason (it used to escape the handler as a 500), and the next request is served as usual."""
+    async with SimFleet(1) as fleet, aiohttp.ClientSession() as http:
+        shard = fleet.shards[0]
+        source = ControlledSource([shard])
+        config = RouterConfig(healthy_wait_seconds=0.1)
+        async with Router(source, config) as router, serve_router(router) as server:
+            await within(router.dispatcher.wait_ready(1), "the shard routable")
+            await fleet.set_faults(shard.name, hang=True)
+            request = asyncio.ensure_future(http.post(server.url + "/v1/completions", json=COMPLETION))
+
+            async def on_the_shard() -> bool:
+                return (await fleet.stats(shard.name)).get("hung", 0) >= 1
+
+            await until(on_the_shard, timeout_seconds=30, what="the request hung on the shard")
+            source.publish([])  # the shard leaves: its attempt is evicted and no shard is left to retry on
+            async with await within(request, "the answer with no shard left") as response:
+                stranded = response.status, await response.json()
+            await fleet.clear_faults()
+            source.publish([shard])
+            await within(router.dispatcher.wait_ready(1), "the shard routable again")
+            async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                after = response.status
+    assert stranded[0] == 409, stranded
+    assert stranded[1]["error"]["type"] == "no_healthy_shard"
+    assert "no healthy shard" in stranded[1]["error"]["message"]
+    assert after == 200, "the router stopped serving after one request found no shard"
