@@ -21,6 +21,7 @@ stream ends with the same error event.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -123,7 +124,13 @@ class Forward:
 
 
 def _where(shard: Shard) -> str:
-    return f"shard {shard.name} ({redact_url(shard.endpoint)})"
+    return _where_named(shard.name, shard.endpoint)
+
+
+@functools.lru_cache(maxsize=1024)
+def _where_named(name: str, endpoint: str) -> str:
+    """Once per shard, not per request: redacting a URL is regex work on the router's hot path."""
+    return f"shard {name} ({redact_url(endpoint)})"
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int, where: str) -> bytes:
