@@ -11,10 +11,12 @@ Answers the router gives itself, without trying a shard (counted in ``router_ref
 - **413** the body is larger than ``max_body_bytes``;
 - **429** (with ``Retry-After``) ``max_concurrency`` requests are already in flight;
 - **409** no shard is routable. Not a 503: OpenAI-compatible clients (NeMo-Gym among them) retry 429/502/503/504
-  without end, which turns a dead fleet into a hot loop; a 409 stops them and says why in the body.
+  without end, which turns a dead fleet into a hot loop; a 409 stops them and says why in the body. Also the answer
+  to a request whose shards all left while it was being tried (after the dispatcher's healthy wait).
 
 After trying: the shard's own 4xx is relayed as it came (the request's fault, never retried); a request whose
-attempts all failed is a 502 (504 when the last one timed out) naming the shards tried.
+attempts all failed is a 502 (504 when the last one timed out) naming the shards tried; a misconfigured-fleet
+verdict (every shard failing the same way) is a 502 ``fleet_misconfigured`` for that request, not the router's end.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class AccessLogger(AbstractAccessLogger):
 
 
 class Router:
-    """The router's state: one long-lived dispatcher (shared ejection state) and one client session to the shards.
+    """The router's state: one long-lived dispatcher and session (shared ejection state, workers and stats) and one
+    client session to the shards.
 
     ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
     :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
