@@ -205,3 +205,30 @@ async def test_a_request_whose_shards_all_leave_mid_request_is_409_and_the_route
     assert stranded[1]["error"]["type"] == "no_healthy_shard"
     assert "no healthy shard" in stranded[1]["error"]["message"]
     assert after == 200, "the router stopped serving after one request found no shard"
+
+
+async def test_a_fleet_judged_misconfigured_relays_the_shards_own_4xx_and_the_router_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every shard answering 401 is a misconfigured-fleet verdict (a run-terminal error): it used to end the request
+    as a 500 from the handler; now each request still gets the shard's own answer, and the router recovers."""
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        for name in fleet.names:
+            await fleet.set_faults(name, fail_next=1000, error_status=401)
+        async with routing(StaticShardSource(fleet.shards), Events(), 2) as (_, server):
+            answers = []
+            for index in range(12):
+                body = {**COMPLETION, "prompt": f"What is {index} + 1?"}
+                async with http.post(server.url + "/v1/completions", json=body) as response:
+                    answers.append((response.status, await response.json()))
+            await fleet.clear_faults()
+            async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                after = response.status
+        rejected = sum([(await fleet.stats(name)).get("errors_401", 0) for name in fleet.names])
+
+    assert rejected >= 12, "the shards did not answer 401: the fault never hit"
+    verdicts = [r for r in caplog.records if "every shard answers 401" in r.getMessage()]
+    assert verdicts, "the dispatcher never judged the fleet misconfigured: the case under test did not happen"
+    assert [status for status, _ in answers] == [401] * 12, answers
+    assert all("injected fault" in body["message"] for _, body in answers), answers
+    assert after == 200, "the router stopped serving after the misconfigured verdict"

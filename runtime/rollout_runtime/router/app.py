@@ -16,7 +16,8 @@ Answers the router gives itself, without trying a shard (counted in ``router_ref
 
 After trying: the shard's own 4xx is relayed as it came (the request's fault, never retried); a request whose
 attempts all failed is a 502 (504 when the last one timed out) naming the shards tried; a misconfigured-fleet
-verdict (every shard failing the same way) is a 502 ``fleet_misconfigured`` for that request, not the router's end.
+verdict (every shard failing the same way) answers that request only (the shard's 4xx as it came, or a 502
+``fleet_misconfigured``), never the router's end.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from rollout_runtime.dispatch import (
 from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
-from rollout_runtime.router.upstream import Forward, Opener, Relayed, StreamRelay, forward_attempt
+from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
@@ -339,18 +340,17 @@ class Router:
                 await stream.write_eof()
             return stream
         if isinstance(outcome, Exception):
+            if forward.rejected is not None:  # a shard's own 4xx, judged fleet-wide (every shard says so): relay it
+                return self._relay_rejected(forward.rejected, forward.attempts, None)
             return self._failed(outcome)
         if isinstance(outcome, Completed):
             result = outcome.result
             headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts, outcome.weights_version)}
             return web.Response(status=result.status, body=result.body, headers=headers)
         if isinstance(outcome, DataFailed):
-            rejected = forward.rejected
-            if rejected is not None:
-                headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(outcome.attempts)}
-                if outcome.shards:
-                    headers[SHARD_HEADER] = outcome.shards[-1]
-                return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
+            if forward.rejected is not None:
+                last = outcome.shards[-1] if outcome.shards else None
+                return self._relay_rejected(forward.rejected, outcome.attempts, last)
             return _error(502, "upstream_error", outcome.reason, shards=list(outcome.shards))
         if isinstance(outcome, Skipped):
             if outcome.failure_type == "NoHealthyShards":
@@ -360,6 +360,13 @@ class Router:
             message = f"{outcome.attempts} attempt(s) failed; last: {outcome.reason}"
             return _error(status, "upstream_unavailable", message, shards=list(outcome.shards))
         return _error(502, "upstream_unavailable", "the request ended without an answer")
+
+    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> web.Response:
+        """A shard's 4xx, as it came: the request's fault (or the fleet's, say a wrong key), never retried."""
+        headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(attempts)}
+        if shard is not None:
+            headers[SHARD_HEADER] = shard
+        return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
 
     def _failed(self, error: Exception) -> web.Response:
         """The answer to a request the dispatcher ended with a run-terminal error (it stays on this request)."""
