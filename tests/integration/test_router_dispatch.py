@@ -6,23 +6,32 @@ drive the weights tracker the way a trainer does; the shards are real ``sim-shar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
 from rollout_runtime.health import ProbeSettings
-from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterServer, serve_router
+from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterConfig, RouterServer, serve_router
 from rollout_runtime.shards import LocalShardSource, StaticShardSource
-from rollout_runtime.shards.model import ShardSource
+from rollout_runtime.shards.model import Shard, ShardSource
 from rollout_runtime.sim import SimFleet
+from rollout_runtime.sim.process import ManagedProcess, until
 from rollout_runtime.weights import SGLangWeightVersion
 from support.deadlines import within
+from support.dispatch import ControlledSource
 
 PROBES = ProbeSettings(period_seconds=0.3, timeout_seconds=0.25, failure_threshold=2, success_threshold=1)
+STREAM_SHARD = Path(__file__).parent.parent / "support" / "stream_shard.py"
 COMPLETION = {"model": "sim-model", "prompt": "What is 2 + 3?", "max_tokens": 4}
 
 
@@ -111,3 +120,115 @@ async def test_the_weights_version_header_is_the_dispatchers_for_answers_and_str
         for header, shard_says, shard in answers:
             assert header == str(version), f"{shard} answered with header {header} at version {version}"
             assert shard_says == str(version), f"{shard} itself serves {shard_says}"
+
+
+async def _stream_shard(tmp_path: Path, name: str) -> tuple[ManagedProcess, Shard]:
+    argv = [sys.executable, "-P", str(STREAM_SHARD), "--chunks", "3"]
+    process = ManagedProcess(name, argv, tmp_path / f"{name}.log")
+    process.start()
+    ready = await process.wait_ready_line("STREAM_SHARD_READY ", 30)
+    return process, Shard(name=name, endpoint=f"http://127.0.0.1:{ready['port']}")
+
+
+async def test_a_stream_whose_opener_fails_after_prepare_ends_with_the_error_event_not_a_second_response(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a failure after the client's headers went out (inside ``prepare()``) was answered with a JSON
+    502 on the same response, and blamed on the shard. Now the stream ends with the router's error event, is
+    counted, and the shard (which did nothing wrong) stays routable."""
+    injected: list[str] = []
+    prepare = web.StreamResponse.prepare
+
+    async def prepare_then_fail(self: web.StreamResponse, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        writer = await prepare(self, request)
+        if SHARD_HEADER in self.headers and not injected:  # the router's stream to its client, once
+            injected.append(self.headers[SHARD_HEADER])
+            raise RuntimeError("injected: the opener failed after prepare()")
+        return writer
+
+    events = Events()
+    process, shard = await _stream_shard(tmp_path, "stream-a")
+    try:
+        async with routing(StaticShardSource([shard]), events, 1) as (router, server), aiohttp.ClientSession() as http:
+            monkeypatch.setattr(web.StreamResponse, "prepare", prepare_then_fail)
+            body = {**COMPLETION, "stream": True}
+            async with http.post(server.url + "/v1/completions", json=body) as response:
+                status, content_type = response.status, response.headers["Content-Type"]
+                raw = await within(response.read(), "the broken stream's end")
+            async with http.post(server.url + "/v1/completions", json=body) as response:
+                after = response.status, await within(response.read(), "the next stream")
+            interrupted = router.registry.get_sample_value(
+                "router_streams_interrupted_total", {"fleet": "local", "namespace": ""}
+            )
+    finally:
+        process.kill()
+
+    assert injected == ["stream-a"], "the fault never hit the router's stream"
+    assert (status, content_type) == (200, "text/event-stream")
+    assert raw.count(b"event: error") == 1, raw
+    assert b"upstream_error" not in raw, f"a JSON answer followed the stream: {raw!r}"
+    assert b"HTTP/1.1" not in raw, f"a second response followed the stream: {raw!r}"
+    payload = json.loads(raw[raw.index(b"event: error") :].split(b"data: ", 1)[1])
+    assert payload["error"]["type"] == "stream_interrupted"
+    assert "injected" in payload["error"]["message"]
+    assert interrupted == 1
+    assert events.ejected == [], "the shard was blamed for the router's own failure"
+    assert after[0] == 200
+    assert after[1].rstrip().endswith(b"data: [DONE]")
+
+
+async def test_a_request_whose_shards_all_leave_mid_request_is_409_and_the_router_keeps_serving() -> None:
+    """The healthy set empties while a request is on a shard: that request waits its healthy wait, then answers
+    409 with the reason (it used to escape the handler as a 500), and the next request is served as usual."""
+    async with SimFleet(1) as fleet, aiohttp.ClientSession() as http:
+        shard = fleet.shards[0]
+        source = ControlledSource([shard])
+        config = RouterConfig(healthy_wait_seconds=0.1)
+        async with Router(source, config) as router, serve_router(router) as server:
+            await within(router.dispatcher.wait_ready(1), "the shard routable")
+            await fleet.set_faults(shard.name, hang=True)
+            request = asyncio.ensure_future(http.post(server.url + "/v1/completions", json=COMPLETION))
+
+            async def on_the_shard() -> bool:
+                return (await fleet.stats(shard.name)).get("hung", 0) >= 1
+
+            await until(on_the_shard, timeout_seconds=30, what="the request hung on the shard")
+            source.publish([])  # the shard leaves: its attempt is evicted and no shard is left to retry on
+            async with await within(request, "the answer with no shard left") as response:
+                stranded = response.status, await response.json()
+            await fleet.clear_faults()
+            source.publish([shard])
+            await within(router.dispatcher.wait_ready(1), "the shard routable again")
+            async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                after = response.status
+    assert stranded[0] == 409, stranded
+    assert stranded[1]["error"]["type"] == "no_healthy_shard"
+    assert "no healthy shard" in stranded[1]["error"]["message"]
+    assert after == 200, "the router stopped serving after one request found no shard"
+
+
+async def test_a_fleet_judged_misconfigured_relays_the_shards_own_4xx_and_the_router_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every shard answering 401 is a misconfigured-fleet verdict (a run-terminal error): it used to end the request
+    as a 500 from the handler; now each request still gets the shard's own answer, and the router recovers."""
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        for name in fleet.names:
+            await fleet.set_faults(name, fail_next=1000, error_status=401)
+        async with routing(StaticShardSource(fleet.shards), Events(), 2) as (_, server):
+            answers = []
+            for index in range(12):
+                body = {**COMPLETION, "prompt": f"What is {index} + 1?"}
+                async with http.post(server.url + "/v1/completions", json=body) as response:
+                    answers.append((response.status, await response.json()))
+            await fleet.clear_faults()
+            async with http.post(server.url + "/v1/completions", json=COMPLETION) as response:
+                after = response.status
+        rejected = sum([(await fleet.stats(name)).get("errors_401", 0) for name in fleet.names])
+
+    assert rejected >= 12, "the shards did not answer 401: the fault never hit"
+    verdicts = [r for r in caplog.records if "every shard answers 401" in r.getMessage()]
+    assert verdicts, "the dispatcher never judged the fleet misconfigured: the case under test did not happen"
+    assert [status for status, _ in answers] == [401] * 12, answers
+    assert all("injected fault" in body["message"] for _, body in answers), answers
+    assert after == 200, "the router stopped serving after the misconfigured verdict"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,7 +20,12 @@ from rollout_runtime.dispatch import (
     SessionClosed,
     Skipped,
 )
-from rollout_runtime.failures import GenerationUnavailable, NoHealthyShards, RolloutDataFailure
+from rollout_runtime.failures import (
+    GenerationUnavailable,
+    NoHealthyShards,
+    RolloutDataFailure,
+    RolloutRedispatchExhausted,
+)
 from rollout_runtime.shards import Shard, StaticShardSource
 from support.deadlines import within
 from support.dispatch import ControlledSource, assert_accounted, echo_rollout, make_shards
@@ -178,3 +184,64 @@ async def test_online_submissions_keep_the_accounting_invariant_under_chaos(
             assert isinstance(result, SessionClosed), result
     assert_accounted(session, outcomes, range(prompts))
     assert len(outcomes) + len(session.aborted_ids()) == prompts
+
+
+SHORT_WAIT = DispatchPolicy(backoff_initial_seconds=0, backoff_max_seconds=0, healthy_wait_seconds=0.05)
+
+
+async def test_with_fail_prompt_a_submission_with_no_shard_fails_alone_and_the_session_goes_on() -> None:
+    source = ControlledSource([])  # a healthy set with no shard: the first submission waits, then finds none
+    async with (
+        Dispatcher(source, SHORT_WAIT) as dispatcher,
+        dispatcher.session(echo_rollout(), drop_rules=False, on_prompt_error="fail_prompt") as session,
+    ):
+        with pytest.raises(RolloutRedispatchExhausted) as raised:
+            await within(session.submit("lonely"), "the submission with no shard")
+        assert isinstance(raised.value.__cause__, NoHealthyShards)
+        assert session.active, "one submission's run-terminal error ended the whole session"
+        source.publish(make_shards("a"))
+        await within(dispatcher.wait_ready(1), "shard a routable")
+        outcome = await within(session.submit("next"), "a submission once a shard is back")
+        assert isinstance(outcome, Completed)
+        stats = session.stats
+        assert (stats.submitted, stats.completed, stats.aborted, stats.unfinished) == (2, 1, 1, 0)
+
+
+async def test_by_default_a_submission_with_no_shard_ends_the_session() -> None:
+    source = ControlledSource([])
+    async with Dispatcher(source, SHORT_WAIT) as dispatcher, dispatcher.session(echo_rollout()) as session:
+        with pytest.raises(RolloutRedispatchExhausted):
+            await within(session.submit("lonely"), "the submission with no shard")
+        assert not session.active
+        with pytest.raises(RolloutRedispatchExhausted):
+            session.submit("next")
+
+
+@dataclass(eq=False)
+class _Request:
+    text: str
+    retry_refused: str | None = None
+
+
+async def test_a_prompt_that_refuses_retries_is_skipped_after_its_failed_attempt() -> None:
+    """The router's committed streams: once a prompt says no other shard may answer, a failure is its end."""
+    shards_tried: list[str] = []
+
+    async def rollout(shard: Shard, prompt: _Request) -> str:
+        shards_tried.append(shard.name)
+        prompt.retry_refused = "its answer already reached the client"
+        raise GenerationUnavailable(f"shard {shard.name}: dropped mid-answer")
+
+    source = StaticShardSource(make_shards("a", "b"))
+    async with Dispatcher(source, FAST) as dispatcher, dispatcher.session(rollout, drop_rules=False) as session:
+        outcome = await within(session.submit(_Request("x")), "the refused prompt's outcome")
+        again = await within(session.submit(_Request("y")), "a second prompt")
+    assert isinstance(outcome, Skipped)
+    assert (outcome.failure_type, outcome.reason, outcome.attempts) == (
+        "RetryRefused",
+        "its answer already reached the client",
+        1,
+    )
+    assert isinstance(again, Skipped)
+    assert len(shards_tried) == 2, f"a prompt that refused retries was tried again: {shards_tried}"
+    assert session.stats.redispatches == 0

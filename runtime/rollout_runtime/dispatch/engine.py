@@ -521,7 +521,15 @@ class DispatchRun(Generic[P, R]):
         self.ready.put_nowait(fresh)
 
     def requeue(self, state: _PromptState, delay: float) -> None:
-        """Send the prompt back for another attempt, after ``delay`` seconds on a loop timer (not on a worker)."""
+        """Send the prompt back for another attempt, after ``delay`` seconds on a loop timer (not on a worker).
+
+        A prompt whose ``retry_refused`` attribute is set (a reason) is not tried again: it is given up on as
+        skipped with that reason. The router's streamed requests say so once their first byte reached the client.
+        """
+        refused = getattr(state.prompt, "retry_refused", None)
+        if refused is not None:
+            self._dispatcher._refused(self, state, str(refused))
+            return
         self.accounts.redispatched()
         if delay <= 0:
             self.ready.put_nowait(state)
@@ -534,6 +542,11 @@ class DispatchRun(Generic[P, R]):
 
         handle = self._dispatcher._loop.call_later(delay, ready_again)
         self.timers.add(handle)
+
+    def fail_prompt(self, state: _PromptState, error: BaseException) -> None:
+        """A run-terminal error found on ``state``'s attempt (no routable shard for a healthy wait, a misconfigured
+        fleet): the run ends with it (a session may instead hand it to that prompt alone)."""
+        self.fail(error)
 
     def fail(self, error: BaseException) -> None:
         """End the run with ``error``: outcomes already queued are still delivered, then it raises."""
@@ -784,17 +797,25 @@ class Dispatcher:
         self._runs.add(run)
         return run
 
-    def session(self, rollout: Rollout[P, R], *, drop_rules: bool = True) -> DispatchSession[P, R]:
+    def session(
+        self,
+        rollout: Rollout[P, R],
+        *,
+        drop_rules: bool = True,
+        on_prompt_error: Literal["end_session", "fail_prompt"] = "end_session",
+    ) -> DispatchSession[P, R]:
         """A long-lived online session: ``submit(prompt)`` one at a time, sharing budgets, the stall watchdog,
         ejection state and stats (see :mod:`rollout_runtime.dispatch.session`). Close it (``async with``) when done.
         ``drop_rules=False``: the submissions are independent requests (an OpenAI-shaped client's calls, a verl
         server's requests): a prompt given up on is that call's answer, never the end of the session (see
-        :meth:`run`)."""
+        :meth:`run`). ``on_prompt_error="fail_prompt"``: a run-terminal error found on one submission's attempt (no
+        routable shard for a whole healthy wait, a misconfigured-fleet verdict) is raised by that submission's
+        future alone and the session goes on (a router answers each request on its own)."""
         from rollout_runtime.dispatch.session import DispatchSession
 
         if not self._entered or self._follower is None:
             raise RuntimeError("use the Dispatcher as `async with Dispatcher(...) as dispatcher:` before session()")
-        session: DispatchSession[P, R] = DispatchSession(self, rollout)
+        session: DispatchSession[P, R] = DispatchSession(self, rollout, on_prompt_error=on_prompt_error)
         session.drop_rules = drop_rules
         self._runs.add(session)
         return session
@@ -1161,7 +1182,7 @@ class Dispatcher:
             error = RolloutFleetMisconfigured(verdict.evidence)
             error.__cause__ = exc
             log.error("%s", error)
-            run.fail(error)
+            run.fail_prompt(state, error)
             return
         if kind is blame.Blame.POISON:
             self._data_failed(run, state, diagnosis, f"{verdict.evidence}; {diagnosis.reason}", exc=exc)
@@ -1231,7 +1252,7 @@ class Dispatcher:
         )
         error.__cause__ = cause
         log.error("%s", error)
-        run.fail(error)
+        run.fail_prompt(state, error)
 
     def _data_failed(
         self,
@@ -1256,6 +1277,13 @@ class Dispatcher:
         reason, attempts, shards = diagnosis.reason, state.budget.attempts, tuple(state.tried)
         outcome = Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards)
         self._give_up(run, state, "infra", outcome, exc)
+
+    def _refused(self, run: DispatchRun[Any, Any], state: _PromptState, reason: str) -> None:
+        """The prompt forbade another attempt (``retry_refused``): skipped with its reason, under the drop rules."""
+        self._evidence.forget(state.prompt_id)
+        attempts, shards = state.budget.attempts, tuple(state.tried)
+        outcome = Skipped(state.prompt_id, state.prompt, "RetryRefused", reason, attempts, shards)
+        self._give_up(run, state, "infra", outcome, None)
 
     def _give_up(
         self,

@@ -13,7 +13,8 @@ share one core (workers, attempts, requeueing, accounting).
         outcome = await session.submit(prompt)
 
 Invariant: every submitted prompt's future resolves exactly once, to its outcome, or raises the error that ended
-the session (counted ``aborted`` in ``stats``), so ``submitted == completed + data_failed + skipped + aborted``
+the session (or, with ``on_prompt_error="fail_prompt"``, the run-terminal error found on its own attempt; counted
+``aborted`` in ``stats``), so ``submitted == completed + data_failed + skipped + aborted``
 once the session is closed.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, Literal, TypeVar
 
 from rollout_runtime.dispatch.engine import DispatchRun, Rollout, _PromptState
 from rollout_runtime.dispatch.outcomes import Outcome, PromptId
@@ -45,8 +46,17 @@ class SessionClosed(RuntimeError):
 class DispatchSession(DispatchRun[P, R], Generic[P, R]):
     """Prompts submitted one at a time, sharing one run's budgets, watchdog and stats; see the module docstring."""
 
-    def __init__(self, dispatcher: Dispatcher, rollout: Rollout[P, R]) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        rollout: Rollout[P, R],
+        *,
+        on_prompt_error: Literal["end_session", "fail_prompt"] = "end_session",
+    ) -> None:
         super().__init__(dispatcher, [], rollout)
+        self.on_prompt_error = on_prompt_error
+        """``"fail_prompt"``: a run-terminal error found on one prompt's attempt ends that prompt only (its future
+        raises it, counted ``aborted``); see :meth:`Dispatcher.session`."""
         self._pending: dict[PromptId, tuple[_PromptState, asyncio.Future[Outcome[P, R]]]] = {}
         self._ids = itertools.count()
         self._aborted: list[PromptId] = []
@@ -109,6 +119,21 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
         entry = self._pending.pop(state.prompt_id, None)
         if entry is not None and not entry[1].done():
             entry[1].set_result(outcome)
+
+    def fail_prompt(self, state: _PromptState, error: BaseException) -> None:
+        """End the session with ``error``, or with ``on_prompt_error="fail_prompt"`` only ``state``'s prompt."""
+        if self.on_prompt_error == "end_session":
+            super().fail_prompt(state, error)
+            return
+        if not self.active or state.done:
+            return
+        state.done = True
+        self.stats.aborted += 1
+        self._dispatcher._evidence.forget(state.prompt_id)
+        entry = self._pending.pop(state.prompt_id, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(error)
+            entry[1].exception()  # a submitter that stopped waiting must not leave "exception never retrieved"
 
     def fail(self, error: BaseException) -> None:
         """End the session with ``error``: every pending submitter gets it."""

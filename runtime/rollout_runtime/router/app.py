@@ -11,17 +11,18 @@ Answers the router gives itself, without trying a shard (counted in ``router_ref
 - **413** the body is larger than ``max_body_bytes``;
 - **429** (with ``Retry-After``) ``max_concurrency`` requests are already in flight;
 - **409** no shard is routable. Not a 503: OpenAI-compatible clients (NeMo-Gym among them) retry 429/502/503/504
-  without end, which turns a dead fleet into a hot loop; a 409 stops them and says why in the body.
+  without end, which turns a dead fleet into a hot loop; a 409 stops them and says why in the body. Also the answer
+  to a request whose shards all left while it was being tried (after the dispatcher's healthy wait).
 
 After trying: the shard's own 4xx is relayed as it came (the request's fault, never retried); a request whose
-attempts all failed is a 502 (504 when the last one timed out) naming the shards tried.
+attempts all failed is a 502 (504 when the last one timed out) naming the shards tried; a misconfigured-fleet
+verdict (every shard failing the same way) answers that request only (the shard's 4xx as it came, or a 502
+``fleet_misconfigured``), never the router's end.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -35,10 +36,20 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchEvent, Outcome, Skipped
+from rollout_runtime.dispatch import (
+    Completed,
+    DataFailed,
+    Dispatcher,
+    DispatchEvent,
+    DispatchSession,
+    Outcome,
+    SessionClosed,
+    Skipped,
+)
+from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
-from rollout_runtime.router.upstream import Forward, Opener, Relayed, StreamRelay, forward_attempt
+from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
@@ -113,7 +124,8 @@ class AccessLogger(AbstractAccessLogger):
 
 
 class Router:
-    """The router's state: one long-lived dispatcher (shared ejection state) and one client session to the shards.
+    """The router's state: one long-lived dispatcher and session (shared ejection state, workers and stats) and one
+    client session to the shards.
 
     ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
     :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
@@ -142,21 +154,22 @@ class Router:
             total=None, sock_connect=self.config.connect_timeout_seconds, sock_read=self.config.read_timeout_seconds
         )
         self._session: aiohttp.ClientSession | None = None
+        self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
-        self._request_ids = itertools.count()
-        """Each request is its own prompt to the dispatcher's blame evidence, which is keyed by prompt id: shared ids
-        would pool unrelated requests' failures (two 503s on two shards read as one poison prompt) and hide a sick
-        shard (its failures would never be on two distinct prompts)."""
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
         connector = aiohttp.TCPConnector(limit=self.config.max_concurrency, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
+        self._requests = self._open_session()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._requests is not None:
+            await self._requests.aclose()
+            self._requests = None
         await self.dispatcher.aclose()
         if self._session is not None:
             await self._session.close()
@@ -169,34 +182,28 @@ class Router:
 
     # -- the one path to the dispatcher ---------------------------------------------------------------------------
 
-    async def route(self, forward: Forward) -> Outcome[Forward, Relayed] | None:
-        """Run one request through the dispatcher; its outcome, or None when a committed stream ended broken.
+    def _open_session(self) -> DispatchSession[Forward, Relayed]:
+        """Independent requests (never a training step's drops) whose run-terminal errors answer that request only.
 
-        The one place the router talks to the dispatcher: a one-prompt run on the long-lived dispatcher, so every
-        request shares its selection, ejection, blame evidence, weights gating and metrics (all dispatcher state).
-        Not a ``Dispatcher.session()``: a session ends as a whole on a run-level error (a misconfigured fleet, a
-        healthy wait with no shard), while a router must keep serving and answer each request on its own. A
-        stream's attempt hands the client its bytes itself; once it broke, its answer is fixed, so the run (and
-        any retry it scheduled) is closed at once instead of awaited.
+        Each submission gets the session's next prompt id: the dispatcher's blame evidence is keyed by prompt id,
+        and shared ids would pool unrelated requests' failures (two 503s on two shards read as one poison prompt)
+        and hide a sick shard (its failures would never be on two distinct prompts)."""
+        return self.dispatcher.session(self._attempt, drop_rules=False, on_prompt_error="fail_prompt")
+
+    async def route(self, forward: Forward) -> Outcome[Forward, Relayed]:
+        """Run one request through the dispatcher; its outcome (raises the run-terminal error found on it).
+
+        The one place the router talks to the dispatcher: a submission to the router's long-lived session, so
+        every request shares its selection, ejection, blame evidence, weights gating, metrics and workers (no
+        per-request queues or tasks). A stream's attempt hands the client its bytes itself; once the first one is
+        out, the request refuses any retry (:attr:`Forward.retry_refused`), so its outcome follows at once.
         """
-        run = self.dispatcher.run([forward], self._attempt, prompt_ids=[next(self._request_ids)], drop_rules=False)
-        async with run:
-            if forward.relay is None:  # nothing reaches the client before the outcome: no second waiter needed
-                return await anext(run)
-            outcome: asyncio.Future[Outcome[Forward, Relayed]] = asyncio.ensure_future(anext(run))
-            waiters: set[asyncio.Future[Any]] = {outcome}
-            ended: asyncio.Future[Any] | None = None
-            if forward.relay is not None:
-                ended = asyncio.ensure_future(forward.relay.ended.wait())
-                waiters.add(ended)
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if outcome.done() or forward.relay is None or forward.relay.interrupted is None:
-                    return await outcome
-                return None
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+        session = self._requests
+        assert session is not None, "use the Router as `async with Router(...)`"
+        if not session.active:  # ended by an error no request caused (a bug): keep serving on a fresh session
+            log.error("the router's dispatch session ended (%s); opening a new one", session.error)
+            session = self._requests = self._open_session()
+        return await session.submit(forward)
 
     async def _attempt(self, shard: Shard, forward: Forward) -> Relayed:
         assert self._session is not None, "use the Router as `async with Router(...)`"
@@ -278,8 +285,8 @@ class Router:
             weights = self.dispatcher.weights_version(shard.name)
             headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
             response = web.StreamResponse(headers=headers)
+            request[_STREAM] = response  # before prepare(): it can fail after the headers went out
             await response.prepare(request)
-            request[_STREAM] = response
             return response.write
 
         return open_stream
@@ -291,7 +298,11 @@ class Router:
         self._in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            outcome = await self.route(forward)
+            outcome: Outcome[Forward, Relayed] | Exception
+            try:
+                outcome = await self.route(forward)
+            except Exception as exc:  # the run-terminal error found on this request (or the session's end)
+                outcome = exc
             return await self._respond(request, forward, outcome)
         finally:
             self._in_flight -= 1
@@ -312,31 +323,34 @@ class Router:
             self.metrics.answered(request.path, code, time.perf_counter() - started)
 
     async def _respond(
-        self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | None
+        self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception
     ) -> web.StreamResponse:
         relay = forward.relay
         stream: web.StreamResponse | None = request.get(_STREAM)
-        if relay is not None and stream is not None:  # committed: the client has the headers and some bytes
+        if relay is not None and stream is not None:  # committed: the client may have the headers, never a 2nd reply
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
                 self.metrics.interrupted()
                 log.warning("stream from shard %s interrupted: %s", shard, relay.interrupted)
                 with contextlib.suppress(ConnectionError, RuntimeError):
+                    if not stream.prepared:  # the opener failed before its headers went out: send them now
+                        await stream.prepare(request)
                     await stream.write(stream_error_event(relay.interrupted, shard))
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await stream.write_eof()
             return stream
+        if isinstance(outcome, Exception):
+            if forward.rejected is not None:  # a shard's own 4xx, judged fleet-wide (every shard says so): relay it
+                return self._relay_rejected(forward.rejected, forward.attempts, None)
+            return self._failed(outcome)
         if isinstance(outcome, Completed):
             result = outcome.result
             headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts, outcome.weights_version)}
             return web.Response(status=result.status, body=result.body, headers=headers)
         if isinstance(outcome, DataFailed):
-            rejected = forward.rejected
-            if rejected is not None:
-                headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(outcome.attempts)}
-                if outcome.shards:
-                    headers[SHARD_HEADER] = outcome.shards[-1]
-                return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
+            if forward.rejected is not None:
+                last = outcome.shards[-1] if outcome.shards else None
+                return self._relay_rejected(forward.rejected, outcome.attempts, last)
             return _error(502, "upstream_error", outcome.reason, shards=list(outcome.shards))
         if isinstance(outcome, Skipped):
             if outcome.failure_type == "NoHealthyShards":
@@ -346,6 +360,25 @@ class Router:
             message = f"{outcome.attempts} attempt(s) failed; last: {outcome.reason}"
             return _error(status, "upstream_unavailable", message, shards=list(outcome.shards))
         return _error(502, "upstream_unavailable", "the request ended without an answer")
+
+    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> web.Response:
+        """A shard's 4xx, as it came: the request's fault (or the fleet's, say a wrong key), never retried."""
+        headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(attempts)}
+        if shard is not None:
+            headers[SHARD_HEADER] = shard
+        return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
+
+    def _failed(self, error: Exception) -> web.Response:
+        """The answer to a request the dispatcher ended with a run-terminal error (it stays on this request)."""
+        if isinstance(error.__cause__, NoHealthyShards):  # no routable shard for a whole healthy wait
+            reason = f"no healthy shard: {self._no_shard_reason()}"
+            return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", reason))
+        if isinstance(error, RolloutFleetMisconfigured):
+            return _error(502, "fleet_misconfigured", str(error))
+        if isinstance(error, SessionClosed):
+            return _error(503, "shutting_down", "the router is shutting down")
+        log.error("request failed in the dispatcher: %s: %s", type(error).__name__, error)
+        return _error(500, "router_error", f"{type(error).__name__}: {error}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,12 +53,19 @@ class RouterMetrics:
         ).labels(*self._fixed)
         in_flight = Gauge("router_in_flight_requests", "Requests being answered now.", _FIXED, registry=registry)
         self.in_flight = in_flight.labels(*self._fixed)
+        self._answered: dict[tuple[str, int | str], tuple[Counter, Histogram]] = {}
+        """The labelled children per (route, code), looked up once instead of per request."""
         for reason in REFUSALS:
             self._refused.labels(*self._fixed, reason)
 
     def answered(self, route: str, code: int | str, seconds: float) -> None:
-        self._requests.labels(*self._fixed, route, str(code)).inc()
-        self._duration.labels(*self._fixed, route).observe(seconds)
+        key = (route, code)
+        children = self._answered.get(key)
+        if children is None:  # bounded: a few routes times the status codes seen
+            count = self._requests.labels(*self._fixed, route, str(code))
+            children = self._answered[key] = (count, self._duration.labels(*self._fixed, route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def refused(self, reason: str) -> None:
         self._refused.labels(*self._fixed, reason).inc()

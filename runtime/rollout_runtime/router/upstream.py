@@ -9,15 +9,19 @@ relayed bytes instead of parsed completions:
   it, never retried;
 - a 2xx: a non-streamed body is read (bounded) and handed back; a stream is relayed as it arrives.
 
-A stream is *committed* once its first byte is written to the client: from then on it cannot move to another
-shard. If the shard fails after that, the attempt raises :class:`StreamInterrupted` (infra, blaming the shard, so
-it is ejected as any failure would), and the request handler ends the client's stream with an error event. A stream
-that ends without ``data: [DONE]`` is interrupted too: a truncation is never passed off as an answer.
+A stream is *committed* once the client's response is opened for its first byte (its headers may be out even if
+opening fails): from then on it cannot move to another shard (:attr:`Forward.retry_refused` tells the dispatcher).
+If the shard fails after that, the attempt raises :class:`StreamInterrupted` (infra, blaming the shard, so it is
+ejected as any failure would), and the request handler ends the client's stream with an error event. A stream that
+ends without ``data: [DONE]`` is interrupted too: a truncation is never passed off as an answer. If opening the
+client's response fails (the router's side, not the shard's), the attempt raises :class:`StreamOpenFailed` and the
+stream ends with the same error event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -33,6 +37,7 @@ __all__ = [
     "Relayed",
     "ShardRejected",
     "StreamInterrupted",
+    "StreamOpenFailed",
     "StreamRelay",
     "forward_attempt",
 ]
@@ -53,6 +58,10 @@ class ShardRejected(RolloutDataFailure):
 
 class StreamInterrupted(GenerationUnavailable):
     """A shard failed after its stream's first byte reached the client: the stream ends with an error event."""
+
+
+class StreamOpenFailed(Exception):
+    """Opening the client's stream failed once it was committed: not the shard's fault (no ejection), no retry."""
 
 
 class ClientGone(Exception):
@@ -105,9 +114,23 @@ class Forward:
     rejected: ShardRejected | None = None
     """The shard's 4xx for this request, to relay as it came (set by the attempt that got it)."""
 
+    @property
+    def retry_refused(self) -> str | None:
+        """Why no other shard may answer (the dispatcher reads it before a retry): a committed stream."""
+        relay = self.relay
+        if relay is None or relay.committed_to is None:
+            return None
+        return relay.interrupted or f"the stream from shard {relay.committed_to.name} already reached the client"
+
 
 def _where(shard: Shard) -> str:
-    return f"shard {shard.name} ({redact_url(shard.endpoint)})"
+    return _where_named(shard.name, shard.endpoint)
+
+
+@functools.lru_cache(maxsize=1024)
+def _where_named(name: str, endpoint: str) -> str:
+    """Once per shard, not per request: redacting a URL is regex work on the router's hot path."""
+    return f"shard {name} ({redact_url(endpoint)})"
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int, where: str) -> bytes:
@@ -150,10 +173,8 @@ async def forward_attempt(
 ) -> Relayed:
     """Send ``forward`` to ``shard``; raise taxonomy failures only (see the module docstring)."""
     relay = forward.relay
-    if relay is not None and relay.committed_to is not None:
-        # The stream already reached the client from another shard: this attempt must not touch one. The request
-        # handler closes the run (cancelling this) as soon as it sees the stream ended.
-        await asyncio.Event().wait()
+    if relay is not None and relay.committed_to is not None:  # retry_refused keeps the dispatcher from this
+        raise StreamOpenFailed(f"the stream already went to shard {relay.committed_to.name}: no second shard")
     forward.attempts += 1
     where = _where(shard)
     headers = {"Content-Type": "application/json"} if forward.body is not None else {}
@@ -211,8 +232,16 @@ async def _relay_stream(
     first = await response.content.readany()
     if not first:
         raise GenerationUnavailable(f"{where} closed its stream before the first byte")
-    write = await relay.open(shard, _passed(response), attempt)
-    relay.committed_to = shard
+    relay.committed_to = shard  # from here the client may have this shard's headers: no other shard may answer
+    try:
+        write = await relay.open(shard, _passed(response), attempt)
+    except ConnectionError as exc:  # the client went away while its headers were sent
+        relay.ended.set()
+        raise ClientGone(str(exc)) from exc
+    except Exception as exc:
+        relay.interrupted = safe_message(f"the router could not open the stream: {type(exc).__name__}: {exc}")
+        relay.ended.set()
+        raise StreamOpenFailed(relay.interrupted) from exc
     sent = 0
     tail = b""
     chunk = first

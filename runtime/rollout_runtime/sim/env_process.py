@@ -10,14 +10,10 @@ kernel picks it; the child reports it on its ``SIM_ENV_READY`` line), :meth:`Sim
 from __future__ import annotations
 
 import os
-import sys
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from rollout_runtime.sim.process import ManagedProcess
+from rollout_runtime.sim.process import ServerProcess, spawn_python_server
 
 __all__ = ["SimEnvProcess", "spawn_env_server"]
 
@@ -25,48 +21,11 @@ READY_PREFIX = "SIM_ENV_READY "
 
 
 @dataclass
-class SimEnvProcess:
-    """A running sim-env subprocess."""
+class SimEnvProcess(ServerProcess):
+    """A running sim-env subprocess (:meth:`stop` is graceful: episodes in flight are cleaned up)."""
 
     kind: str
-    host: str
-    port: int
-    log_path: Path
     checkpoint_dir: Path | None
-    process: ManagedProcess = field(repr=False)
-
-    @property
-    def pid(self) -> int:
-        pid = self.process.pid
-        assert pid is not None  # spawn_env_server returns started processes only
-        return pid
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self.process.running
-
-    async def kill(self) -> None:
-        """``kill -9`` this pid (no cleanup runs: that is the point) and reap it."""
-        await self.process.kill_async()
-
-    async def stop(self, timeout_seconds: float = 15.0) -> None:
-        """SIGTERM (graceful: episodes in flight are cleaned up), then SIGKILL if it does not exit in time."""
-        await self.process.stop_async(timeout_seconds)
-
-    def log_tail(self, lines: int = 40) -> str:
-        return self.process.tail(lines)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
 
 async def spawn_env_server(
@@ -80,28 +39,23 @@ async def spawn_env_server(
     ready_timeout_seconds: float = 60.0,
 ) -> SimEnvProcess:
     """Start ``sim-env --kind <kind>`` and return once it listens (its READY line names the port)."""
-    argv = [sys.executable, "-m", "rollout_runtime.cli.sim_env", "--kind", kind, "--host", host, "--port", str(port),
-            "--exit-with-parent"]  # fmt: skip
+    args = ["--kind", kind, "--host", host, "--port", str(port), "--exit-with-parent"]
     if checkpoint_dir is not None:
-        argv += ["--checkpoint-dir", os.fspath(checkpoint_dir)]
-    argv += list(extra_args)
-    if log_path is None:
-        handle, name = tempfile.mkstemp(prefix=f"sim-env-{kind}-", suffix=".log")
-        os.close(handle)
-        log_path = name
-    log = Path(log_path)
-    process = ManagedProcess(f"sim-env {kind}", argv, log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    process.start()
-    try:
-        ready = await process.wait_ready_line(READY_PREFIX, ready_timeout_seconds)
-    except BaseException:
-        await process.kill_async()
-        raise
+        args += ["--checkpoint-dir", os.fspath(checkpoint_dir)]
+    args += list(extra_args)
+    process, log, ready = await spawn_python_server(
+        f"sim-env {kind}",
+        "rollout_runtime.cli.sim_env",
+        args,
+        ready_prefix=READY_PREFIX,
+        log_path=log_path,
+        ready_timeout_seconds=ready_timeout_seconds,
+    )
     return SimEnvProcess(
-        kind=kind,
         host=host,
         port=int(ready["port"]),
         log_path=log,
-        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
         process=process,
+        kind=kind,
+        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
     )

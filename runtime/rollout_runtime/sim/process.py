@@ -23,13 +23,26 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
-__all__ = ["ManagedProcess", "free_port", "free_ports", "tail", "until", "wait_until"]
+__all__ = [
+    "ManagedProcess",
+    "ServerProcess",
+    "free_port",
+    "free_ports",
+    "spawn_python_server",
+    "tail",
+    "until",
+    "wait_until",
+]
 
 _LIVE: set[ManagedProcess] = set()  # started and not yet reaped: stopped at exit if a teardown never ran
 
@@ -315,3 +328,74 @@ def _stop_leftovers() -> None:
     """Last resort if teardown did not run (e.g. an interpreter exit mid-session): stop what we started."""
     for proc in list(_LIVE):
         proc.stop(timeout=5)
+
+
+@dataclass
+class ServerProcess:
+    """A server subprocess that announced its port on a ready line (see :func:`spawn_python_server`)."""
+
+    host: str
+    port: int
+    log_path: Path
+    process: ManagedProcess = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid
+        assert pid is not None  # spawn_python_server returns started processes only
+        return pid
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process.running
+
+    async def kill(self) -> None:
+        """``kill -9`` this pid (no cleanup runs: that is the point) and reap it."""
+        await self.process.kill_async()
+
+    async def stop(self, timeout_seconds: float = 15.0) -> None:
+        """SIGTERM (graceful), then SIGKILL if it does not exit in time."""
+        await self.process.stop_async(timeout_seconds)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.tail(lines)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def spawn_python_server(
+    name: str,
+    module: str,
+    args: Sequence[str],
+    *,
+    ready_prefix: str,
+    log_path: Path | str | None,
+    ready_timeout_seconds: float,
+) -> tuple[ManagedProcess, Path, dict[str, Any]]:
+    """Run ``python -m <module> <args>`` (unbuffered, logging to ``log_path``, a fresh temporary file when None)
+    and wait for its ready line; a child that never gets ready is killed. Returns the process, its log and the
+    ready line's JSON (``port``...)."""
+    if log_path is None:
+        handle, temporary = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
+        os.close(handle)
+        log_path = temporary
+    log = Path(log_path)
+    argv = [sys.executable, "-m", module, *args]
+    process = ManagedProcess(name, argv, log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process.start()
+    try:
+        ready = await process.wait_ready_line(ready_prefix, ready_timeout_seconds)
+    except BaseException:
+        await process.kill_async()
+        raise
+    return process, log, ready
