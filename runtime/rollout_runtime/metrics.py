@@ -74,6 +74,9 @@ _HELP = {
     "first run started. time() minus this is how long the run has made no progress.",
     "rollout_ejections": "Passive ejections of a shard after an infra failure on it. A shard that keeps reappearing "
     "is flapping or sick in a way its probe does not see.",
+    "rollout_shard_holds": "Failures after which the ejection cap (max_ejection_percent) kept a shard in rotation, "
+    "so it was held for the backoff instead. A steady rate means correlated failures on more shards than the cap "
+    "lets out.",
     "rollout_committed_results": "Committed results by how many policy versions the producing shard lagged the "
     "trainer (lag=unknown: weights not tracked). Anything but lag=0 with max_weights_lag 0 is a bug.",
     "rollout_shard_stale": "1 while a shard is Stale or Refitting (restarted since its last refit, or being refit): "
@@ -127,6 +130,7 @@ class RolloutMetrics:
         self.prompts = dict.fromkeys(PROMPT_RESULTS, 0)
         self.stalls = dict.fromkeys(STALL_ACTIONS, 0)
         self.ejections: dict[str, int] = {}
+        self.holds: dict[str, int] = {}
         self.redispatches = 0
         self.exhausted = 0
         self.healthy_shards = 0
@@ -166,6 +170,9 @@ class RolloutMetrics:
 
     def ejection(self, shard: str) -> None:
         self.ejections[shard] = self.ejections.get(shard, 0) + 1
+
+    def hold(self, shard: str) -> None:
+        self.holds[shard] = self.holds.get(shard, 0) + 1
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value as exposed (0 when absent): for reports and tests.
@@ -218,6 +225,9 @@ class _RolloutCollector(Collector):
         ejections = CounterMetricFamily(
             "rollout_ejections_total", _HELP["rollout_ejections"], labels=[*FLEET_LABELS, "shard"]
         )
+        holds = CounterMetricFamily(
+            "rollout_shard_holds_total", _HELP["rollout_shard_holds"], labels=[*FLEET_LABELS, "shard"]
+        )
         healthy = GaugeMetricFamily("rollout_healthy_shards", _HELP["rollout_healthy_shards"], labels=FLEET_LABELS)
         committed = CounterMetricFamily(
             "rollout_committed_results", _HELP["rollout_committed_results"], labels=[*FLEET_LABELS, "lag"]
@@ -240,6 +250,7 @@ class _RolloutCollector(Collector):
             durations,
             last_commit,
             ejections,
+            holds,
             healthy,
         ]
         if not samples:
@@ -261,6 +272,8 @@ class _RolloutCollector(Collector):
         last_commit.add_metric(fixed, m.last_commit_timestamp or 0.0)
         for shard, count in list(m.ejections.items()):
             ejections.add_metric([*fixed, shard], count)
+        for shard, count in list(m.holds.items()):
+            holds.add_metric([*fixed, shard], count)
         healthy.add_metric(fixed, m.healthy_shards)
         for lag, count in list(m.committed_by_lag.items()):
             committed.add_metric([*fixed, lag], count)

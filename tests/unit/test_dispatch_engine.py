@@ -477,6 +477,7 @@ async def test_a_failing_shard_the_panic_rule_keeps_is_held_not_handed_every_att
     # 40 prompts at 4 x 0.1 s take ~1 s on the good shard: the held shard gets its trials after 1 s, 1 + 2 s, ...
     assert attempts[held] <= 3, f"the held shard drew {attempts[held]} attempts"
     assert attempts["good"] == 40
+    assert value(d, "rollout_shard_holds_total", shard=held) >= 1
 
 
 @pytest.mark.looptime

@@ -22,6 +22,7 @@ CONTRACT = {
     "rollout_attempt_duration_seconds": ("histogram", FLEET | {"outcome"}),
     "rollout_last_commit_timestamp_seconds": ("gauge", FLEET),
     "rollout_ejections": ("counter", FLEET | {"shard"}),
+    "rollout_shard_holds": ("counter", FLEET | {"shard"}),
     "rollout_healthy_shards": ("gauge", FLEET),
     "rollout_committed_results": ("counter", FLEET | {"lag"}),
     "rollout_shard_stale": ("gauge", FLEET | {"shard"}),
@@ -34,6 +35,7 @@ def test_registers_exactly_the_contract_names_types_and_labels() -> None:
     metrics = RolloutMetrics()
     metrics.failure("infra", "GenerationUnavailable")
     metrics.ejection("a")
+    metrics.hold("a")
     metrics.committed("0")
     metrics.stale_shards = lambda: {"a": True}
     found = {}

@@ -1434,6 +1434,7 @@ class Dispatcher:
         seconds = self._ejections.hold(name, now=self._now(), schedule=lambda n: backoff_seconds(policy, n, 0.0))
         if seconds is not None:
             log.debug("shard %s held for %.3gs (the panic rule keeps it from being ejected)", name, seconds)
+            self.metrics.hold(name)
             self._refresh_pickable()
             self._schedule_expiry()
 
