@@ -665,12 +665,11 @@ class Dispatcher:
         self._ledger = ledger
         if ledger is None and self.policy.failure_ledger_path is not None:
             self._ledger = FailureLedger(self.policy.failure_ledger_path)
-        policy = self.policy
         self._ejections = EjectionTracker(
-            policy.ejection_base_seconds,
-            policy.ejection_max_seconds,
-            policy.max_ejection_percent,
-            probe_grace=lambda count: backoff_seconds(policy, count, 0.0),
+            self.policy.ejection_base_seconds,
+            self.policy.ejection_max_seconds,
+            self.policy.max_ejection_percent,
+            probe_grace=self._backoff,
         )
         self._evidence = blame.Evidence()
         self._shares = Shares()
@@ -1403,8 +1402,8 @@ class Dispatcher:
         changed.set()
 
     def _occupy(self, slot: _Slot, record: _Attempt) -> None:
-        """An attempt starts on ``slot``. A shard on trial after an ejection takes one at a time: it leaves the
-        routable set until that attempt ends (see ``ejection``)."""
+        """An attempt starts on ``slot``. A shard on trial after an ejection takes one at a time: no new attempt starts
+        on it until this one ends (see ``ejection``)."""
         slot.outstanding += 1
         slot.attempts.add(record)
         if slot.outstanding == 1 and self._ejections.on_trial(slot.name):
@@ -1428,10 +1427,14 @@ class Dispatcher:
         self._recompute()
         self._schedule_expiry()
 
+    def _backoff(self, failures: int) -> float:
+        """The backoff for the n-th failure in a row, without jitter: how long a held shard waits, and a probe's
+        grace before it restores a shard ejected n times in a row."""
+        return backoff_seconds(self.policy, failures, 0.0)
+
     def _hold(self, name: str) -> None:
         """The panic rule kept ``name`` in rotation: hold it for the backoff instead (see ``ejection``)."""
-        policy = self.policy
-        seconds = self._ejections.hold(name, now=self._now(), schedule=lambda n: backoff_seconds(policy, n, 0.0))
+        seconds = self._ejections.hold(name, now=self._now(), schedule=self._backoff)
         if seconds is not None:
             log.debug("shard %s held for %.3gs (the panic rule keeps it from being ejected)", name, seconds)
             self.metrics.hold(name)

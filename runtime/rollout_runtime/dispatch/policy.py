@@ -108,7 +108,8 @@ class DispatchPolicy(BaseModel):
     ejection_max_seconds: _PositiveSeconds = 300.0
     """Cap on one ejection; also the quiet period after which a shard's ejection count is forgotten."""
     max_ejection_percent: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 50.0
-    """Share of the healthy set that may be ejected at once (at least one shard, never all)."""
+    """Share of the healthy set that may be ejected at once (at least one shard, never all). A shard failing beyond it
+    is held instead: no new attempt for the backoff of its failures in a row."""
 
     stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800, allow_inf_nan=False)] = 600.0
     """Rollouts unfinished but nothing committed for this long is a stall."""
