@@ -203,3 +203,14 @@ def test_one_non_transient_answer_from_two_shards_is_the_prompts_by_elimination(
     fail(evidence, 3, "a", diag(500, "x"))
     fail(evidence, 3, "b", diag(502, "y"))
     assert not evidence.followed(3, signature(diag(500, "x"), "a", "")), "different answers: not the prompt"
+
+
+def test_one_healthy_shard_of_a_larger_fleet_is_not_the_fleet() -> None:
+    """Three shards out of the healthy set (down) and the last one answering 404: one sick shard, not a misconfigured
+    fleet; a fleet that only ever had one shard is judged on that one."""
+    evidence = Evidence()
+    for shard in SHARDS:
+        evidence.succeeded(shard, f"other-{shard}")
+    assert all(fail(evidence, p, "a", diag(404), healthy=("a",)) is not Blame.MISCONFIGURED for p in range(5))
+    alone = Evidence()
+    assert [fail(alone, p, "a", diag(401), healthy=("a",)) for p in range(2)][-1] is Blame.MISCONFIGURED

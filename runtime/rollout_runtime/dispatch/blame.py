@@ -8,8 +8,9 @@ HTTP status, normalised reason) follows:
 - **backpressure**: 429, or 503 with a Retry-After. The shard is busy: go elsewhere, lower its share, never eject;
 - **misconfigured fleet**: the signature is on every healthy shard, on at least two prompts, and nothing has
   succeeded anywhere since it first appeared: the run ends with an error that names it ("every shard answers 401
-  Unauthorized: check the API key"). Transient statuses (502, 503, 504, 408, 425, 429) never qualify: an outage is
-  what the infra budget and the healthy wait are for;
+  Unauthorized: check the API key"). It must be on two shards, unless only one was ever seen: one shard answering
+  404 while the others are out of the healthy set is one sick shard, not the fleet. Transient statuses (502, 503,
+  504, 408, 425, 429) never qualify: an outage is what the infra budget and the healthy wait are for;
 - **poison prompt**: the signature follows one prompt across at least two distinct shards, each of which has
   completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. A prompt whose infra
   budget runs out on one non-transient answer from two or more shards is one too, by elimination
@@ -113,12 +114,15 @@ class Evidence:
     sick: set[tuple[str, Signature]] = field(default_factory=set)
     exonerated: dict[str, dict[Signature, int]] = field(default_factory=dict)
     """Per shard, since its last success: prompts it failed with a signature that another shard then served."""
+    seen: set[str] = field(default_factory=set)
+    """Shards this evidence has met (healthy at a failure, or serving), up to a few: is the fleet one shard?"""
 
     def succeeded(self, shard: str, prompt: Hashable) -> None:
         """``prompt`` succeeded on ``shard``: that shard's failure streak ends and it counts as serving; every other
         shard that failed this prompt is one step closer to being judged sick for how it failed."""
         self.successes[shard] = self.successes.get(shard, 0) + 1
         self.total_successes += 1
+        _add(self.seen, shard)
         self.streaks.pop(shard, None)
         self.exonerated.pop(shard, None)
         for sig, shards in self.prompts.pop(prompt, {}).items():
@@ -218,6 +222,10 @@ def judge(
             evidence.fleet.popitem(last=False)
     sighting.shards.add(shard)
     _add(sighting.prompts, prompt)
+    for name in healthy:
+        if len(evidence.seen) >= _KEEP:
+            break
+        evidence.seen.add(name)
 
     status = sig[1]
     if (
@@ -225,6 +233,7 @@ def judge(
         and (status < 500 or status in (500, 501))
         and healthy
         and sighting.shards.issuperset(healthy)
+        and len(sighting.shards) >= min(_CONFIRMATIONS, len(evidence.seen))
         and len(sighting.prompts) >= _CONFIRMATIONS
         and evidence.total_successes == sighting.successes_before
     ):
