@@ -448,10 +448,14 @@ def rollouts_dashboard() -> dash.Dashboard:
     board = board.with_row(dash.Row("Shards"))
     board = board.with_panel(
         _timeseries(
-            "Ejections by shard",
+            "Ejections and holds by shard",
             "Passive outlier ejections per interval by shard: an infra failure removed the shard from this "
-            "runtime's view until a probe succeeds or the (growing) ejection time passes.",
-            [(f"sum by (shard) (increase(rollout_ejections_total{{{_ROLL}}}[{_RATE}]))", "{{shard}}")],
+            "runtime's view until a probe succeeds or the (growing) ejection time passes. Holds: failures past "
+            "the ejection cap (max_ejection_percent), after which the shard took no attempt for the backoff.",
+            [
+                (f"sum by (shard) (increase(rollout_ejections_total{{{_ROLL}}}[{_RATE}]))", "{{shard}} ejected"),
+                (f"sum by (shard) (increase(rollout_shard_holds_total{{{_ROLL}}}[{_RATE}]))", "{{shard}} held"),
+            ],
             units.Short,
             width=24,
             bars=True,

@@ -174,6 +174,11 @@ class RolloutMetrics:
     def hold(self, shard: str) -> None:
         self.holds[shard] = self.holds.get(shard, 0) + 1
 
+    def shard_joined(self, shard: str) -> None:
+        """``shard`` joined the healthy set: its holds series starts at 0, so a panel shows "none" rather than no
+        data (holds are rare; ejections are not pre-seeded, a dashboard sees them in any real run)."""
+        self.holds.setdefault(shard, 0)
+
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value as exposed (0 when absent): for reports and tests.
 

@@ -1359,6 +1359,7 @@ class Dispatcher:
         for name in sorted(fresh):
             if name not in self._slots:
                 self._slots[name] = _Slot(fresh[name])
+                self.metrics.shard_joined(name)
         self._slots = dict(sorted(self._slots.items()))
         self._snapshot = snapshot
         for name in self._ejections.probes_succeeded(snapshot.probe_ok_at, self._now()):
