@@ -452,15 +452,8 @@ def run(scale: Scale, keep: bool, crds: Path) -> Result:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def measure_operator(
-    scale: Scale,
-    plane: ControlPlane,
-    victim: ManagedProcess,
-    layout: dict[str, tuple[str, str]],
-    workdir: Path,
-    baseline: tuple[float, float, float],
-) -> Result:
-    api = Api(plane)
+def operator_process(plane: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
+    """The operator under test (not started): watching NAMESPACE, no leader election, its /metrics URL."""
     port = free_port()
     env = {
         **os.environ,
@@ -474,13 +467,24 @@ def measure_operator(
         "FLEET_OPERATOR_STATUS_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
     }
     operator = ManagedProcess("operator", [ROLLOUT_FLEET, "operator"], workdir / "operator.log", env=env)
-    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    return operator, f"http://127.0.0.1:{port}/metrics"
+
+
+def measure_operator(
+    scale: Scale,
+    plane: ControlPlane,
+    victim: ManagedProcess,
+    layout: dict[str, tuple[str, str]],
+    workdir: Path,
+    baseline: tuple[float, float, float],
+) -> Result:
+    api = Api(plane)
+    operator, metrics_url = operator_process(plane, workdir)
     started = time.monotonic()
     operator.start()
     try:
-        wait_until(
-            lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout=120, what="operator /readyz", process=operator
-        )
+        ready = metrics_url.removesuffix("/metrics") + "/readyz"
+        wait_until(lambda: _http_ok(ready), timeout=120, what="operator /readyz", process=operator)
 
         holes = collections.Counter(fleet for name, (fleet, _e) in layout.items() if is_blackhole(scale, name))
 
@@ -790,20 +794,7 @@ def _measure_pods(
     baseline: tuple[float, float],
 ) -> PodResult:
     api = Api(plane)
-    port = free_port()
-    env = {
-        **os.environ,
-        "FLEET_OPERATOR_KUBECONFIG": str(plane.kubeconfig),
-        "FLEET_OPERATOR_NAMESPACES": NAMESPACE,
-        "FLEET_OPERATOR_LEADER_ELECTION": "false",
-        "FLEET_OPERATOR_PROBE_ALLOW_LOOPBACK": "true",
-        "FLEET_OPERATOR_HTTP_HOST": "127.0.0.1",
-        "FLEET_OPERATOR_HTTP_PORT": str(port),
-        "FLEET_OPERATOR_LOG_LEVEL": "WARNING",
-        "FLEET_OPERATOR_STATUS_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
-    }
-    operator = ManagedProcess("operator", [ROLLOUT_FLEET, "operator"], workdir / "operator.log", env=env)
-    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    operator, metrics_url = operator_process(plane, workdir)
     expected: dict[str, set[str]] = collections.defaultdict(set)
     for name, fleet, _port in specs:
         expected[fleet].add(name)

@@ -27,10 +27,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rollout_runtime.serving import exposition, serve_app
 from rollout_runtime.shards.model import DEFAULT_FLEET
 
 __all__ = [
@@ -306,18 +307,9 @@ async def serve_metrics(
     """Serve ``registry`` at ``http://host:port/metrics`` on the running loop (port 0: any free port)."""
 
     async def handle(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
+        return exposition(registry)
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-        yield MetricsServer(host=host, port=int(bound))
-    finally:
-        await runner.cleanup()
+    async with serve_app(app, host=host, port=port, access_log=None) as bound:
+        yield MetricsServer(host=host, port=bound)

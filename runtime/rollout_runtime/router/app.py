@@ -34,7 +34,7 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch import (
     Completed,
@@ -50,6 +50,7 @@ from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
+from rollout_runtime.serving import exposition, serve_app
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
@@ -235,9 +236,7 @@ class Router:
         return web.json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(self.registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
+        return exposition(self.registry)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, Forward("GET", "/v1/models"))
@@ -394,12 +393,7 @@ class RouterServer:
 @contextlib.asynccontextmanager
 async def serve_router(router: Router, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[RouterServer]:
     """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open."""
-    runner = web.AppRunner(router.app(), access_log=access_log, access_log_class=AccessLogger)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-        yield RouterServer(host=host, port=int(bound))
-    finally:
-        await runner.cleanup()
+    async with serve_app(
+        router.app(), host=host, port=port, access_log=access_log, access_log_class=AccessLogger
+    ) as bound:
+        yield RouterServer(host=host, port=bound)
