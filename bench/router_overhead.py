@@ -7,7 +7,12 @@ per front: p50/p99 latency, requests per second; then the router's added p50 ove
 throughput as a share of nginx's (target >= 0.5x).
 
     python bench/router_overhead.py              # 4 shards, 64 concurrent, 6400 requests per front
+    python bench/router_overhead.py --latency 0.2 --requests 3200   # shards that take 0.2 s per generation
     python bench/router_overhead.py --smoke      # tiny sizes (CI; no numbers asserted)
+
+With no injected latency the shards answer as fast as they can and the closed loop saturates the machine's CPUs, so
+every front's latency is queueing (p50 ~ concurrency / throughput) and the run measures the router's throughput
+ceiling; ``--latency`` measures what it adds to a request when nothing saturates.
 
 Needs nginx: ``bash scripts/install-tools.sh nginx``.
 """
@@ -75,8 +80,9 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
     )
 
 
-async def main_async(shards: int, requests: int, concurrency: int) -> None:
-    async with SimFleet(shards) as fleet:
+async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0) -> None:
+    extra = ("--slow", str(latency)) if latency else ()
+    async with SimFleet(shards, extra_args=extra) as fleet:
         urls = [shard.endpoint for shard in fleet.shards]
         ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
         results = [await drive("none (direct)", urls, requests, concurrency)]
@@ -108,11 +114,12 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--requests", type=int, default=6400)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each shard takes per generation")
     options = parser.parse_args()
     if options.smoke:
         asyncio.run(main_async(2, 200, 16))
     else:
-        asyncio.run(main_async(options.shards, options.requests, options.concurrency))
+        asyncio.run(main_async(options.shards, options.requests, options.concurrency, options.latency))
 
 
 if __name__ == "__main__":

@@ -26,10 +26,25 @@ def diag(
     )
 
 
-def fail(evidence: Evidence, prompt: int, shard: str, d: Diagnosis, healthy: tuple[str, ...] = SHARDS) -> Blame:
+def fail(
+    evidence: Evidence, prompt: int, shard: str, d: Diagnosis, healthy: tuple[str, ...] = SHARDS, in_flight: int = 0
+) -> Blame:
     sig = signature(d, shard, f"http://{shard}:8000")
     assert sig is not None
-    return judge(evidence, prompt=prompt, shard=shard, sig=sig, diagnosis=d, healthy=healthy).blame
+    return judge(evidence, prompt=prompt, shard=shard, sig=sig, diagnosis=d, healthy=healthy, in_flight=in_flight).blame
+
+
+def test_answers_about_the_request_are_fleet_wide_only_on_more_attempts_than_are_in_flight() -> None:
+    """The start of a run: nothing has succeeded yet, and three over-long prompts failed on every shard."""
+    over_long = diag(400, "maximum context length is 256 tokens, you requested 297", infra=False)
+    evidence = Evidence()
+    wave = zip([1, 1, 2, 2, 3, 3], (*SHARDS, "a", "b"), strict=True)
+    first_wave = [fail(evidence, p, s, over_long, in_flight=29) for p, s in wave]
+    assert Blame.MISCONFIGURED not in first_wave, "three poison prompts among 32 in flight"
+    assert fail(evidence, 4, "a", over_long, in_flight=2) is Blame.MISCONFIGURED, "most attempts got it: the fleet"
+    unauthorized = Evidence()
+    verdicts = [fail(unauthorized, p, s, diag(401), in_flight=29) for p, s in enumerate(SHARDS)]
+    assert verdicts[-1] is Blame.MISCONFIGURED, "a 401 is about the caller, not the prompt: no majority needed"
 
 
 def test_the_signature_ignores_who_answered_and_the_numbers_in_the_message() -> None:

@@ -131,7 +131,9 @@ def test_a_restored_shard_is_on_trial_until_it_serves() -> None:
     assert not t.on_trial("a"), "an ejected shard takes nothing, trial or not"
     t.expire(10)
     assert t.on_trial("a")
-    t.served("a")
+    t.served("a", started=-1)
+    assert t.on_trial("a"), "an attempt sent before the ejection is stale evidence"
+    t.served("a", started=10)
     assert not t.on_trial("a")
     t.eject("a", now=11, wall=11, healthy=NAMES)
     t.probes_succeeded({"a": 12.0}, now=12)
@@ -147,35 +149,37 @@ def test_a_shard_the_panic_rule_keeps_is_held_for_the_backoff_doubling_until_it_
     assert t.eject("a", now=0, wall=0, healthy=NAMES) is not None
     assert t.eject("b", now=0, wall=0, healthy=NAMES) is not None
     assert t.eject("c", now=0, wall=0, healthy=NAMES) is None, "the panic rule: 2 of 4 at most"
-    assert t.hold("c", now=0, schedule=schedule) == 0.5
+    assert t.hold("c", now=0, wall=0, schedule=schedule) == 0.5
     assert t.is_held("c")
     assert not t.is_ejected("c")
-    assert t.hold("c", now=0.1, schedule=schedule) is None, "held already"
+    assert t.hold("c", now=0.1, wall=0.1, schedule=schedule) is None, "held already"
     assert t.next_expiry() == 0.5
     assert t.expire(0.5) == [], "a released hold is no restored ejection"
     assert not t.is_held("c")
     assert t.on_trial("c")
-    assert t.hold("c", now=1, schedule=schedule) == 1.0, "a failed trial holds it twice as long"
+    assert t.hold("c", now=1, wall=1, schedule=schedule) == 1.0, "a failed trial holds it twice as long"
     t.expire(2)
-    t.served("c")
-    assert t.hold("c", now=3, schedule=schedule) == 0.5, "a success starts the doubling again"
+    t.served("c", started=0.5)
+    assert t.on_trial("c"), "sent before the failed trial was held: stale"
+    t.served("c", started=2)
+    assert t.hold("c", now=3, wall=3, schedule=schedule) == 0.5, "a success starts the doubling again"
 
 
 def test_holds_do_not_count_against_the_panic_rule_and_are_not_ejections() -> None:
     t = tracker(percent=50)
     t.eject("a", now=0, wall=0, healthy=NAMES)
-    t.hold("b", now=0, schedule=lambda n: 5.0)
+    t.hold("b", now=0, wall=0, schedule=lambda n: 5.0)
     assert t.eject("c", now=0, wall=0, healthy=NAMES) is not None, "b is held, not ejected"
     assert t.ejected == {"a", "c"}
     assert t.eject("b", now=1, wall=1, healthy=NAMES) is None
 
 
 def test_nothing_is_held_with_ejection_disabled_or_an_empty_backoff() -> None:
-    assert tracker(percent=0).hold("a", now=0, schedule=lambda n: 1.0) is None
-    assert tracker().hold("a", now=0, schedule=lambda n: 0.0) is None
+    assert tracker(percent=0).hold("a", now=0, wall=0, schedule=lambda n: 1.0) is None
+    assert tracker().hold("a", now=0, wall=0, schedule=lambda n: 0.0) is None
     t = tracker()
     t.eject("a", now=0, wall=0, healthy=NAMES)
-    assert t.hold("a", now=0, schedule=lambda n: 1.0) is None, "an ejected shard is not held as well"
+    assert t.hold("a", now=0, wall=0, schedule=lambda n: 1.0) is None, "an ejected shard is not held as well"
 
 
 def test_a_probe_restores_only_past_the_grace_of_the_ejections_in_a_row() -> None:
@@ -188,3 +192,35 @@ def test_a_probe_restores_only_past_the_grace_of_the_ejections_in_a_row() -> Non
     t.eject("a", now=1, wall=101, healthy=NAMES)
     assert t.probes_succeeded({"a": 101.9}, now=1.9) == [], "the second ejection in a row has twice the grace"
     assert t.probes_succeeded({"a": 102.0}, now=2) == ["a"]
+
+
+def test_a_hold_on_a_probed_shard_ends_at_the_first_passing_probe_past_its_backoff() -> None:
+    t = tracker(percent=50)
+    t.eject("a", now=0, wall=100, healthy=NAMES)
+    t.eject("b", now=0, wall=100, healthy=NAMES)
+    t.probes_succeeded({"c": 99.0}, now=0)  # probes report on c
+    assert t.hold("c", now=0, wall=100, schedule=lambda n: 0.1) == 0.1
+    t.expire(0.1)
+    assert t.is_held("c"), "the backoff ran out, but no probe has passed since"
+    t.probes_succeeded({"c": 100.05}, now=0.2)
+    assert t.is_held("c"), "that probe passed within the backoff"
+    t.probes_succeeded({"c": 100.5}, now=0.5)
+    assert not t.is_held("c")
+    assert t.on_trial("c")
+
+
+def test_a_hold_waiting_for_a_probe_ends_at_the_ejection_cap_if_none_passes() -> None:
+    t = tracker(percent=50)
+    t.eject("a", now=0, wall=0, healthy=NAMES)
+    t.eject("b", now=0, wall=0, healthy=NAMES)
+    t.probes_succeeded({"c": 0.0}, now=0)
+    t.hold("c", now=0, wall=0, schedule=lambda n: 0.1)
+    t.expire(0.1)
+    due = t.next_expiry()
+    assert due is not None
+    assert due > 0.1, "a pending probe wait is a later expiry, not one due at once"
+    t.expire(79)
+    assert t.is_held("c")
+    t.expire(80.1)
+    assert not t.is_held("c")
+    assert t.on_trial("c")

@@ -261,13 +261,32 @@ async def test_infra_retries_back_off_exponentially_within_bounds() -> None:
         return prompt
 
     policy = DispatchPolicy(backoff_initial_seconds=1, backoff_max_seconds=4, backoff_jitter=0.5)
-    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy, seed=7) as dispatcher:
+    async with Dispatcher(StaticShardSource(make_shards("a")), policy, seed=7) as dispatcher:  # nowhere else to go
         [outcome] = await collect(dispatcher.run([0], rollout))
     assert isinstance(outcome, Completed)
     assert outcome.attempts == 5
     gaps = [b - a for a, b in itertools.pairwise(started)]
     for gap, nominal in zip(gaps, [1, 2, 4, 4], strict=True):
         assert nominal * 0.5 - 1e-6 <= gap <= nominal + 1e-6
+
+
+@pytest.mark.looptime
+async def test_an_infra_retry_that_can_go_to_another_shard_goes_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    started: list[tuple[str, float]] = []
+
+    async def rollout(shard: Shard, prompt: int) -> int:
+        started.append((shard.name, loop.time()))
+        if len(started) < 3:
+            raise ConnectionRefusedError("refused")
+        return prompt
+
+    policy = DispatchPolicy(backoff_initial_seconds=1, backoff_max_seconds=4, max_ejection_percent=100)
+    async with Dispatcher(StaticShardSource(make_shards("a", "b", "c")), policy) as dispatcher:
+        [outcome] = await collect(dispatcher.run([0], rollout))
+    assert isinstance(outcome, Completed)
+    assert sorted(name for name, _ in started) == ["a", "b", "c"], "each failure ejected its shard; the retry moved on"
+    assert [t for _, t in started] == [started[0][1]] * 3, "no backoff while another shard could take the retry"
 
 
 @pytest.mark.looptime
@@ -481,39 +500,41 @@ async def test_a_failing_shard_the_panic_rule_keeps_is_held_not_handed_every_att
 
 
 @pytest.mark.looptime
-async def test_a_restored_shard_takes_one_attempt_at_a_time_until_it_serves() -> None:
-    """After its ejection ends, a shard with nothing in flight is the least loaded by far; on trial it gets one attempt,
-    and only its success opens it to more."""
+async def test_a_restored_shard_takes_one_attempt_while_it_could_still_be_failing_then_doubles() -> None:
+    """After its ejection ends, a shard with nothing in flight is the least loaded by far. On trial it gets one attempt
+    until that one has outlived the failure that took it out (4 x its 0.05 s), then twice as many each time again:
+    well before its first success, but never a burst while it might still be failing."""
     in_flight: Counter[str] = Counter()
-    peak_on_trial = 0
+    loop = asyncio.get_running_loop()
+    peaks: list[tuple[float, int]] = []
     served = asyncio.Event()
-    calls = 0
 
     async def rollout(shard: Shard, prompt: int) -> str:
-        nonlocal calls, peak_on_trial
-        if shard.name == "flaky":
-            calls += 1
-            if calls == 1:
-                raise GenerationUnavailable("503 Service Unavailable")
+        if shard.name == "flaky" and loop.time() < 0.5:  # a 503 burst: its first answer ejects it
+            await asyncio.sleep(0.05)
+            raise GenerationUnavailable("503 Service Unavailable")
         in_flight[shard.name] += 1
         if shard.name == "flaky" and not served.is_set():
-            peak_on_trial = max(peak_on_trial, in_flight["flaky"])
+            peaks.append((loop.time(), in_flight["flaky"]))
         try:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(5 if shard.name == "flaky" else 0.1)
         finally:
             in_flight[shard.name] -= 1
         if shard.name == "flaky":
             served.set()
         return shard.name
 
-    policy = REPORTING.model_copy(update={"ejection_base_seconds": 1.0, "max_concurrency": 8})
+    policy = REPORTING.model_copy(update={"ejection_base_seconds": 1.0, "max_concurrency": 16})
     async with Dispatcher(StaticShardSource(make_shards("flaky", "steady")), policy) as d:
-        outcomes = await collect(d.run(range(64), rollout))
-    assert [type(o) for o in outcomes] == [Completed] * 64
+        outcomes = await collect(d.run(range(400), rollout))
+    assert [type(o) for o in outcomes] == [Completed] * 400
     assert value(d, "rollout_ejections_total", shard="flaky") == 1, "the first failure ejected it"
     assert served.is_set()
-    assert peak_on_trial == 1
-    assert sum(1 for o in outcomes if isinstance(o, Completed) and o.shard == "flaky") > 2, "and then it served"
+    first = peaks[0][0]
+    assert [n for t, n in peaks if t - first < 0.15] == [1], "one attempt until the first outlived the failure (0.2 s)"
+    assert max(n for t, n in peaks if t - first < 0.35) == 2, "then two"
+    assert max(n for t, n in peaks if t - first < 0.55) == 4, "then four"
+    assert max(n for _, n in peaks) >= 8, "and more, all before its first success (5 s)"
 
 
 async def test_environment_transport_failures_do_not_eject_the_generation_shard() -> None:

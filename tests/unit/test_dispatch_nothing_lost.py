@@ -202,14 +202,20 @@ async def test_keyboard_interrupt_in_a_rollout_ends_the_run_with_every_prompt_ac
 async def test_breaking_out_of_the_stream_cancels_attempts_and_aborts_undelivered_outcomes() -> None:
     """No ``aclose()`` by hand: leaving the ``async for`` closes the run; the queued outcomes are aborted."""
     cancelled: list[int] = []
+    waiting: list[int] = []
+    all_waiting = asyncio.Event()
 
     async def rollout(shard: Shard, prompt: int) -> int:
         if prompt >= 3:
+            waiting.append(prompt)
+            if len(waiting) == 3:
+                all_waiting.set()
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 cancelled.append(prompt)
                 raise
+        await all_waiting.wait()  # the outcomes come once every long attempt is in flight
         return prompt
 
     async with Dispatcher(ControlledSource(make_shards("a")), DispatchPolicy()) as dispatcher:

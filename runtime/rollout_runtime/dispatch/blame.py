@@ -10,7 +10,10 @@ HTTP status, normalised reason) follows:
   succeeded anywhere since it first appeared: the run ends with an error that names it ("every shard answers 401
   Unauthorized: check the API key"). It must be on two shards, unless only one was ever seen: one shard answering
   404 while the others are out of the healthy set is one sick shard, not the fleet. Transient statuses (502, 503,
-  504, 408, 425, 429) never qualify: an outage is what the infra budget and the healthy wait are for;
+  504, 408, 425, 429) never qualify: an outage is what the infra budget and the healthy wait are for. An answer
+  about the request's content (400, 413, 422, 500: too long, malformed) must also be on more failed attempts than
+  there are attempts still in flight: at the start of a run nothing has succeeded yet, and three over-long prompts
+  among the first hundred are three poison prompts, not a misconfigured fleet;
 - **poison prompt**: the signature follows one prompt across at least two distinct shards, each of which has
   completed other prompts: DATA, with that evidence in the ledger, and no shard ejected for it. A prompt whose infra
   budget runs out on one non-transient answer from two or more shards is one too, by elimination
@@ -58,6 +61,8 @@ _KEEP: Final[int] = 8
 _MAX_SIGNATURES: Final[int] = 256
 """Fleet-wide signatures remembered; the oldest is forgotten first."""
 _TRANSIENT: Final[frozenset[int]] = frozenset({408, 425, 429, 502, 503, 504})
+_ABOUT_THE_REQUEST: Final[frozenset[int]] = frozenset({400, 413, 422, 500})
+"""Answers that a single prompt's content explains: fleet-wide only when most attempts get them."""
 """Statuses that say "not now", never "never": they cannot make a fleet misconfigured."""
 _REASON_CHARS: Final[int] = 160
 _DIGITS = re.compile(r"\d+")
@@ -99,6 +104,7 @@ class _Sighting:
     shards: set[str] = field(default_factory=set)
     prompts: set[Hashable] = field(default_factory=set)
     successes_before: int = 0
+    failures: int = 0
 
 
 @dataclass(slots=True)
@@ -204,10 +210,12 @@ def judge(
     sig: Signature,
     diagnosis: Diagnosis,
     healthy: Collection[str],
+    in_flight: int = 0,
 ) -> Verdict:
     """Record one failed attempt that carries an HTTP status and decide what the evidence says (see the module doc).
 
-    ``healthy`` is the healthy set (ejected shards included): a misconfiguration has to be on all of it.
+    ``healthy`` is the healthy set (ejected shards included): a misconfiguration has to be on all of it;
+    ``in_flight`` the attempts still running, which an answer about the request's content has to outnumber.
     """
     if diagnosis.backpressure:
         return Verdict(Blame.BACKPRESSURE, f"shard {shard} is busy (HTTP {diagnosis.status})")
@@ -221,6 +229,7 @@ def judge(
         if len(evidence.fleet) > _MAX_SIGNATURES:
             evidence.fleet.popitem(last=False)
     sighting.shards.add(shard)
+    sighting.failures += 1
     _add(sighting.prompts, prompt)
     for name in healthy:
         if len(evidence.seen) >= _KEEP:
@@ -236,6 +245,7 @@ def judge(
         and len(sighting.shards) >= min(_CONFIRMATIONS, len(evidence.seen))
         and len(sighting.prompts) >= _CONFIRMATIONS
         and evidence.total_successes == sighting.successes_before
+        and (status not in _ABOUT_THE_REQUEST or sighting.failures > in_flight)
     ):
         shards = len(sighting.shards)
         return Verdict(

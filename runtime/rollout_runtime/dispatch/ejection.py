@@ -9,13 +9,24 @@ active probe succeeds *after* the ejection (``HealthySet.probe_ok_at``): Envoy's
 ejection in a row (the caller's backoff). A probe that passes all along (a 503 burst behind a 200 ``/health``) then
 brings a shard back for a trial at a growing interval rather than on every probe period.
 
-A returning shard is **on trial** (a circuit breaker's half-open state): it takes one attempt at a time until one
-succeeds, and a failed trial ejects it again for twice as long. A shard that failed in a way its probe cannot see
-(``/health`` answers 200 while generation answers 503) would otherwise be handed a burst of attempts the moment a
-probe restores it, since a least-outstanding selection favours the shard with nothing in flight.
+A returning shard is **on trial** (a circuit breaker's half-open state): it starts with one attempt at a time, and
+a failed trial ejects it again for twice as long. A shard that failed in a way its probe cannot see (``/health``
+answers 200 while generation answers 503) would otherwise be handed a burst of attempts the moment a probe restores
+it, since a least-outstanding selection favours the shard with nothing in flight. Each time its first trial attempt
+outlives the failure that took it out by :data:`TRIAL_OUTLIVES` times (:meth:`EjectionTracker.trial_spacing`), twice
+as many may be in flight, until one succeeds: a 503 burst answers in milliseconds and a generation takes far longer,
+so a recovered shard is back to full load well before its first success, and one still failing takes one attempt.
 
-A shard the panic rule keeps in rotation is **held** instead: out of rotation for the caller's backoff (doubling
-with each failure in a row, reset by a success), then on trial. The rule exists so a few shards are not handed the
+Only a success that is *newer evidence* than the failure ends a trial or a run of holds: an attempt that started
+before the shard was ejected or held (sent before its first failure came back) proves nothing about it now. A
+shard's attempts in flight when a 503 burst starts still succeed afterwards, and counting them would clear the
+trial and the backoff and hand the shard a fresh burst of attempts.
+
+A shard the panic rule keeps in rotation is **held** instead: out of rotation until it could return from an
+ejection, that is at the first passing probe at least the caller's backoff after the failure (doubling with each
+failure in a row, reset by a success), or when the backoff runs out for a shard no probe reports on; then on trial.
+Waiting for a probe matters: a hold that ended on the backoff alone would give a shard in a 503 burst a trial every
+0.1, 0.2, 0.4 s, where an ejected one gets one per probe period. The rule exists so a few shards are not handed the
 whole load; it must not turn a failing shard that answers at once into the cheapest choice for every attempt (a
 least-outstanding selection's black hole). Holds do not count against the rule, and when every shard in rotation is
 held, attempts wait for the first to return rather than going to ejected shards.
@@ -33,7 +44,10 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Ejection", "EjectionTracker", "max_ejectable"]
+__all__ = ["TRIAL_OUTLIVES", "Ejection", "EjectionTracker", "max_ejectable"]
+
+TRIAL_OUTLIVES = 4.0
+"""A trial attempt in flight this many times as long as the failure that took its shard out admits the next one."""
 
 
 def max_ejectable(healthy: int, percent: float) -> int:
@@ -65,6 +79,15 @@ class _Record:
     holds: int = 0
     """Holds in a row since the shard last succeeded."""
     held_until: float | None = None
+    """Monotonic end of the hold's backoff, then of its wait for a probe; None when not held."""
+    held_wall: float = 0.0
+    """Wall-clock time the hold's backoff runs out, compared against probe times."""
+    awaiting_probe: bool = False
+    """The hold's backoff has run out and it waits for a passing probe (at most the ejection cap)."""
+    failed_at: float = -math.inf
+    took: float = math.inf
+    """How long the failure that last ejected or held the shard took to come back."""
+    """Monotonic time of the failure that last ejected or held the shard: older successes are stale evidence."""
 
 
 class EjectionTracker:
@@ -87,6 +110,8 @@ class EjectionTracker:
         self._records: dict[str, _Record] = {}
         self._ejected: set[str] = set()
         self._held: set[str] = set()
+        self._probed: set[str] = set()
+        """Shards some probe has reported on: their holds end on a passing probe, not on the backoff alone."""
 
     @property
     def ejected(self) -> frozenset[str]:
@@ -107,17 +132,25 @@ class EjectionTracker:
         record = self._records.get(name)
         return record is not None and record.trial
 
-    def served(self, name: str) -> None:
-        """``name`` completed an attempt: its trial (if any) is over and its holds in a row start again."""
+    def trial_spacing(self, name: str) -> float:
+        """Seconds a trial attempt on ``name`` must have been in flight before another may start beside it."""
         record = self._records.get(name)
-        if record is not None:
+        return TRIAL_OUTLIVES * record.took if record is not None else math.inf
+
+    def served(self, name: str, *, started: float) -> None:
+        """``name`` completed an attempt that started at ``started``: its trial (if any) is over and its holds in a row
+        start again, unless the attempt started before the failure that put the shard out (stale evidence)."""
+        record = self._records.get(name)
+        if record is not None and started >= record.failed_at:
             record.trial = False
             record.holds = 0
 
-    def hold(self, name: str, *, now: float, schedule: Callable[[int], float]) -> float | None:
-        """Hold ``name`` after a failure for which :meth:`eject` refused it: ``schedule(n)`` seconds for the n-th hold
-        in a row. Return the seconds, or None if it is ejected or held already, ejection is disabled or the hold would
-        be empty."""
+    def hold(
+        self, name: str, *, now: float, wall: float, schedule: Callable[[int], float], took: float = math.inf
+    ) -> float | None:
+        """Hold ``name`` after a failure at ``now`` (``wall``) for which :meth:`eject` refused it: at least
+        ``schedule(n)`` seconds for the n-th hold in a row, then until a passing probe if probes report on it. Return
+        the seconds, or None if it is ejected or held already, ejection is disabled or the hold would be empty."""
         if name in self._ejected or name in self._held or self._percent <= 0:
             return None
         record = self._records.setdefault(name, _Record())
@@ -125,15 +158,19 @@ class EjectionTracker:
         if seconds <= 0:
             return None
         record.holds += 1
-        record.held_until = now + seconds
+        record.held_until, record.awaiting_probe = now + seconds, False
+        record.held_wall = wall + seconds
+        record.failed_at, record.took = now, took
         self._held.add(name)
         return seconds
 
-    def eject(self, name: str, *, now: float, wall: float, healthy: Collection[str]) -> Ejection | None:
+    def eject(
+        self, name: str, *, now: float, wall: float, healthy: Collection[str], took: float = math.inf
+    ) -> Ejection | None:
         """Eject ``name`` after an infra failure at ``now``; None if it is already out or the panic rule forbids.
 
         ``wall`` is the wall-clock time of the failure, compared against probe times; ``healthy`` the names
-        in the current healthy set.
+        in the current healthy set; ``took`` how long the failed attempt took (for :meth:`trial_spacing`).
         """
         if name in self._ejected or name not in healthy:
             return None
@@ -147,6 +184,7 @@ class EjectionTracker:
         seconds = self._duration(record.count)
         record.until = now + seconds
         record.ejected_wall = wall
+        record.failed_at, record.took = now, took
         record.trial = False
         record.held_until = None
         self._held.discard(name)
@@ -164,8 +202,11 @@ class EjectionTracker:
         for name in list(self._held):
             record = self._records[name]
             if record.held_until is not None and record.held_until <= now:
-                record.held_until, record.trial = None, True
-                self._held.discard(name)
+                if name in self._probed and not record.awaiting_probe:
+                    # A probe comes every period; if none passes within the ejection cap, the hold ends anyway.
+                    record.held_until, record.awaiting_probe = now + self._max, True
+                else:
+                    self._release(name)
         done = [name for name in self._ejected if (until := self._records[name].until) is not None and until <= now]
         for name in done:
             self._restore(name, now)
@@ -173,7 +214,12 @@ class EjectionTracker:
 
     def probes_succeeded(self, probe_ok_at: Mapping[str, float], now: float) -> list[str]:
         """Return (and restore) the ejected shards with a successful probe strictly after their ejection, and at
-        least its probe grace after it."""
+        least its probe grace after it; release (on trial) the held shards with a successful probe past their
+        backoff."""
+        self._probed.update(probe_ok_at)
+        for name in list(self._held):
+            if (ok := probe_ok_at.get(name)) is not None and ok >= self._records[name].held_wall:
+                self._release(name)
         done = [
             name
             for name in self._ejected
@@ -190,6 +236,11 @@ class EjectionTracker:
         times = [u for name in self._ejected if (u := self._records[name].until) is not None]
         times.extend(u for name in self._held if (u := self._records[name].held_until) is not None)
         return min(times) if times else None
+
+    def _release(self, name: str) -> None:
+        record = self._records[name]
+        record.held_until, record.awaiting_probe, record.trial = None, False, True
+        self._held.discard(name)
 
     def _restore(self, name: str, now: float) -> None:
         record = self._records[name]

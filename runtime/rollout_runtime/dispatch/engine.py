@@ -35,6 +35,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +123,10 @@ class _Attempt:
 @dataclass(slots=True, eq=False)
 class _Slot(ShardLoad):
     attempts: set[_Attempt] = field(default_factory=set)
+    fresh: bool = False
+    """An attempt started on it in this turn of the event loop (see ``Dispatcher._attempt``)."""
+    trial_started: float = 0.0
+    """Monotonic start of the first of its attempts in flight while on trial (see ``ejection``)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -681,6 +686,12 @@ class Dispatcher:
         self._pickable: list[_Slot] = []
         """The routable shards an attempt may start on now: not held, and not on trial with its one attempt out."""
         self._panic = False
+        self._fresh: list[_Slot] = []
+        """Shards with an attempt started in this turn of the event loop."""
+        self._turn_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        """Attempts paced to a later turn (see ``_attempt``)."""
+        self._aging = False
+        """An ``_age`` is scheduled for the next turn."""
         self._cursor = 0
         self._snapshot: HealthySet | None = None
         self._changed = asyncio.Event()
@@ -905,6 +916,20 @@ class Dispatcher:
 
     async def _attempt(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
         slot = self._pick(state)
+        # Pacing: while another shard is pickable, a shard takes at most one new attempt per turn of the event loop.
+        # Attempts sent together come back together, and least-outstanding replaces each on the shard it left; when
+        # that shard has just begun answering 503, the whole batch would be sent to it before the loop reads the
+        # first answer. Waiting a turn lets the loop read the network in between.
+        if slot is not None and (slot.fresh or self._turn_waiters) and len(self._pickable) > 1:
+            behind = True  # a newcomer queues behind the attempts already waiting for a turn: first come, first served
+            while True:
+                await self._next_turn(behind)
+                if not run.active:
+                    return
+                slot = self._pick(state)
+                if slot is None or not slot.fresh or len(self._pickable) <= 1:
+                    break
+                behind = False  # woken in its turn and paced again: first in line for the next one
         if slot is None:
             slot = await self._wait_for_shard(state)
             if not run.active:
@@ -988,7 +1013,7 @@ class Dispatcher:
             shard = winner.name
             accounts.attempt_ended("success", state.prompt_id, shard, seconds)
             self._evidence.succeeded(shard, state.prompt_id)
-            self._ejections.served(shard)
+            self._ejections.served(shard, started=started)
             winner.weight = winner.shard.weight * self._shares.served(shard)
             if self._completions is not None:
                 self._completions.attempt_succeeded(shard)
@@ -1157,6 +1182,7 @@ class Dispatcher:
                 sig=sig,
                 diagnosis=diagnosis,
                 healthy=self._slots,
+                in_flight=sum(other.outstanding for other in self._slots.values()),
             )
         kind = verdict.blame
         failure_class = FailureClass.DATA if kind is blame.Blame.POISON else diagnosis.failure_class
@@ -1191,8 +1217,10 @@ class Dispatcher:
             run.requeue(state, self._backpressure_delay(slot, diagnosis))
             return
         answered = blame.waits_for_evidence(sig)
+        moves_on = False
         if slot is not None and ((diagnosis.blames_shard and not answered) or kind is blame.Blame.SICK_SHARD):
-            self._eject(run, slot.name)  # an answer a poison prompt could explain ejects on evidence, not at once
+            self._eject(run, slot.name, seconds)  # an answer a poison prompt could explain: on evidence, not at once
+            moves_on = self._elsewhere(slot)
         draw = self._rng.random()
         if failure_class is FailureClass.DATA and state.data_charges:
             self._refund(state)
@@ -1217,10 +1245,18 @@ class Dispatcher:
             )
         elif isinstance(decision, ExhaustedDecision):
             self._exhausted(run, state, exc, diagnosis)
-        elif answered and isinstance(decision, RetryDecision):
-            run.requeue(state, 0.0)  # the shard answered: the fleet is up, and the retry goes to another shard
+        elif isinstance(decision, RetryDecision) and (answered or moves_on):
+            # The shard answered (the fleet is up), or the failure was the shard's and another shard is there to take
+            # the retry: it goes at once. The backoff protects a sick fleet from a storm; each such failure takes its
+            # shard out of rotation, so the immediate retries stop when no other shard is left. A failure that is not
+            # the shard's (an environment server down) still backs off: another shard would not help.
+            run.requeue(state, 0.0)
         else:
             run.requeue(state, 0.0 if immediate else decision.delay_seconds)
+
+    def _elsewhere(self, slot: _Slot | None) -> bool:
+        """Whether an attempt could start now on a shard other than ``slot``."""
+        return any(other is not slot for other in self._pickable)
 
     def _refund(self, state: _PromptState) -> None:
         """Data charges made by shards since judged sick for that same failure do not count against the prompt."""
@@ -1390,14 +1426,17 @@ class Dispatcher:
         )
         self._refresh_pickable()
 
-    def _refresh_pickable(self) -> None:
+    def _refresh_pickable(self, now: float | None = None) -> None:
         """Held shards, and one on trial with its one attempt in flight, wait (see ``ejection``); so do attempts when
         no other shard is left. Routable still counts them: they are in rotation and back within the backoff."""
-        ejections = self._ejections
+        ejections, now = self._ejections, self._now() if now is None else max(now, self._now())
         self._pickable = [
             slot
             for slot in self._routable
-            if not ejections.is_held(slot.name) and not (slot.outstanding and ejections.on_trial(slot.name))
+            if not ejections.is_held(slot.name)
+            and not (
+                slot.outstanding and ejections.on_trial(slot.name) and slot.outstanding >= self._trial_room(slot, now)
+            )
         ]
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -1407,21 +1446,75 @@ class Dispatcher:
         on it until this one ends (see ``ejection``)."""
         slot.outstanding += 1
         slot.attempts.add(record)
-        if slot.outstanding == 1 and self._ejections.on_trial(slot.name):
+        if not slot.fresh:
+            slot.fresh = True
+            self._fresh.append(slot)
+            self._age_soon()
+        if self._ejections.on_trial(slot.name):
+            now = self._now()
+            if slot.outstanding == 1:
+                slot.trial_started = now
             self._refresh_pickable()
+            spacing = self._ejections.trial_spacing(slot.name)
+            if 0 < spacing < math.inf:  # the loop may run a timer a clock resolution early: refresh as of its due time
+                due = slot.trial_started + spacing * (1 + _doublings(now - slot.trial_started, spacing))
+                self._loop.call_later(due - now, self._refresh_pickable, due)
+
+    def _trial_room(self, slot: _Slot, now: float) -> int:
+        """Attempts a shard on trial may have in flight: one, doubling each time its first has outlived the failure
+        that took the shard out by the tracker's margin (see ``ejection``)."""
+        spacing = self._ejections.trial_spacing(slot.name)
+        if spacing == math.inf:
+            return 1
+        return 1 << min(20, _doublings(now - slot.trial_started, spacing)) if spacing > 0 else 1 << 20
+
+    async def _next_turn(self, behind: bool) -> None:
+        waiter = self._loop.create_future()
+        if behind:
+            self._turn_waiters.append(waiter)
+        else:
+            self._turn_waiters.appendleft(waiter)
+        self._age_soon()
+        await waiter
+
+    def _age_soon(self) -> None:
+        if not self._aging:
+            self._aging = True
+            self._loop.call_soon(self._age)
+
+    def _age(self) -> None:
+        """A new turn of the event loop: no shard's attempts are fresh any more. Wake as many paced attempts as there
+        are shards to start them on (not every waiter, which would cost a wake-up per waiter per attempt); the rest
+        wait for the next turn."""
+        self._aging = False
+        for slot in self._fresh:
+            slot.fresh = False
+        self._fresh.clear()
+        waiters = self._turn_waiters
+        wake = len(self._pickable) or len(waiters)  # nothing pickable: every waiter goes on to wait for a shard
+        while waiters and wake:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                wake -= 1
+        if waiters:
+            self._age_soon()
 
     def _release(self, slot: _Slot, record: _Attempt) -> None:
         slot.outstanding -= 1
         slot.attempts.discard(record)
+        if not slot.outstanding:
+            slot.fresh = False  # nothing in flight: no answer left unread there to wait for
         if not slot.outstanding and self._ejections.on_trial(slot.name) and slot.name in self._slots:
             self._refresh_pickable()
 
-    def _eject(self, run: DispatchRun[Any, Any], name: str) -> None:
-        clock = self.clock
-        ejection = self._ejections.eject(name, now=clock.monotonic(), wall=clock.wall(), healthy=self._slots.keys())
+    def _eject(self, run: DispatchRun[Any, Any], name: str, took: float | None) -> None:
+        clock, took = self.clock, math.inf if took is None else took
+        now, wall = clock.monotonic(), clock.wall()
+        ejection = self._ejections.eject(name, now=now, wall=wall, healthy=self._slots.keys(), took=took)
         if ejection is None:
             if name in self._slots:
-                self._hold(name)
+                self._hold(name, now, wall, took)
             return
         log.info("shard %s ejected for %.1fs (ejection #%d in a row)", name, ejection.seconds, ejection.count)
         run.accounts.ejected(name, ejection)
@@ -1433,9 +1526,9 @@ class Dispatcher:
         grace before it restores a shard ejected n times in a row."""
         return backoff_seconds(self.policy, failures, 0.0)
 
-    def _hold(self, name: str) -> None:
+    def _hold(self, name: str, now: float, wall: float, took: float) -> None:
         """The panic rule kept ``name`` in rotation: hold it for the backoff instead (see ``ejection``)."""
-        seconds = self._ejections.hold(name, now=self._now(), schedule=self._backoff)
+        seconds = self._ejections.hold(name, now=now, wall=wall, schedule=self._backoff, took=took)
         if seconds is not None:
             log.debug("shard %s held for %.3gs (the panic rule keeps it from being ejected)", name, seconds)
             self.metrics.hold(name)
@@ -1472,6 +1565,11 @@ class Dispatcher:
             self._observer(event)
         except Exception:
             log.exception("dispatch observer failed on %r", event)
+
+
+def _doublings(elapsed: float, spacing: float) -> int:
+    """Whole ``spacing`` periods in ``elapsed``; a time computed as a multiple of ``spacing`` counts it in full."""
+    return int(elapsed / spacing + 1e-9)
 
 
 def _weights_of(source: object) -> WeightsView | None:
