@@ -76,8 +76,8 @@ _HELP = {
     "rollout_ejections": "Passive ejections of a shard after an infra failure on it. A shard that keeps reappearing "
     "is flapping or sick in a way its probe does not see.",
     "rollout_shard_holds": "Failures after which the ejection cap (max_ejection_percent) kept a shard in rotation, "
-    "so it was held for the backoff instead. A steady rate means correlated failures on more shards than the cap "
-    "lets out.",
+    "so it was held instead (until a passing probe past the backoff). A steady rate means correlated failures on "
+    "more shards than the cap lets out.",
     "rollout_committed_results": "Committed results by how many policy versions the producing shard lagged the "
     "trainer (lag=unknown: weights not tracked). Anything but lag=0 with max_weights_lag 0 is a bug.",
     "rollout_shard_stale": "1 while a shard is Stale or Refitting (restarted since its last refit, or being refit): "
