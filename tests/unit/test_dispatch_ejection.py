@@ -224,3 +224,14 @@ def test_a_hold_waiting_for_a_probe_ends_at_the_ejection_cap_if_none_passes() ->
     t.expire(80.1)
     assert not t.is_held("c")
     assert t.on_trial("c")
+
+
+def test_a_trial_doubles_its_room_each_time_its_first_attempt_outlives_the_failure_by_the_margin() -> None:
+    t = tracker()
+    t.eject("a", now=0, wall=0, healthy=NAMES, took=0.05)  # a 503 that came back in 50 ms: spacing 0.2 s
+    t.expire(10)
+    assert t.trial_room("a", since=10, now=10) == (1, 10.2)
+    assert t.trial_room("a", since=10, now=10.2) == (2, 10.4), "a due time computed as a multiple counts in full"
+    assert t.trial_room("a", since=10, now=10.45) == (4, 10.6)
+    t.eject("b", now=0, wall=0, healthy=NAMES)  # no duration known: one at a time until a success
+    assert t.trial_room("b", since=10, now=99) == (1, None)

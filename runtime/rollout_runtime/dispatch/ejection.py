@@ -48,6 +48,8 @@ __all__ = ["TRIAL_OUTLIVES", "Ejection", "EjectionTracker", "max_ejectable"]
 
 TRIAL_OUTLIVES = 4.0
 """A trial attempt in flight this many times as long as the failure that took its shard out admits the next one."""
+_MAX_DOUBLINGS = 20
+_MAX_ROOM = 1 << _MAX_DOUBLINGS
 
 
 def max_ejectable(healthy: int, percent: float) -> int:
@@ -136,6 +138,17 @@ class EjectionTracker:
         """Seconds a trial attempt on ``name`` must have been in flight before another may start beside it."""
         record = self._records.get(name)
         return TRIAL_OUTLIVES * record.took if record is not None else math.inf
+
+    def trial_room(self, name: str, *, since: float, now: float) -> tuple[int, float | None]:
+        """Attempts ``name`` may have in flight on trial at ``now``, its first trial attempt having started at
+        ``since`` (one, doubling every :meth:`trial_spacing`), and when that next doubles (None: never)."""
+        spacing = self.trial_spacing(name)
+        if spacing == math.inf:
+            return 1, None
+        if spacing <= 0:
+            return _MAX_ROOM, None
+        periods = int((now - since) / spacing + 1e-9)  # a time computed as a multiple of the spacing counts in full
+        return 1 << min(_MAX_DOUBLINGS, periods), since + spacing * (periods + 1)
 
     def served(self, name: str, *, started: float) -> None:
         """``name`` completed an attempt that started at ``started``: its trial (if any) is over and its holds in a row

@@ -1435,7 +1435,9 @@ class Dispatcher:
             for slot in self._routable
             if not ejections.is_held(slot.name)
             and not (
-                slot.outstanding and ejections.on_trial(slot.name) and slot.outstanding >= self._trial_room(slot, now)
+                slot.outstanding
+                and ejections.on_trial(slot.name)
+                and slot.outstanding >= ejections.trial_room(slot.name, since=slot.trial_started, now=now)[0]
             )
         ]
         changed, self._changed = self._changed, asyncio.Event()
@@ -1455,18 +1457,9 @@ class Dispatcher:
             if slot.outstanding == 1:
                 slot.trial_started = now
             self._refresh_pickable()
-            spacing = self._ejections.trial_spacing(slot.name)
-            if 0 < spacing < math.inf:  # the loop may run a timer a clock resolution early: refresh as of its due time
-                due = slot.trial_started + spacing * (1 + _doublings(now - slot.trial_started, spacing))
+            _, due = self._ejections.trial_room(slot.name, since=slot.trial_started, now=now)
+            if due is not None:  # the loop may run a timer a clock resolution early: refresh as of its due time
                 self._loop.call_later(due - now, self._refresh_pickable, due)
-
-    def _trial_room(self, slot: _Slot, now: float) -> int:
-        """Attempts a shard on trial may have in flight: one, doubling each time its first has outlived the failure
-        that took the shard out by the tracker's margin (see ``ejection``)."""
-        spacing = self._ejections.trial_spacing(slot.name)
-        if spacing == math.inf:
-            return 1
-        return 1 << min(20, _doublings(now - slot.trial_started, spacing)) if spacing > 0 else 1 << 20
 
     async def _next_turn(self, behind: bool) -> None:
         waiter = self._loop.create_future()
@@ -1565,11 +1558,6 @@ class Dispatcher:
             self._observer(event)
         except Exception:
             log.exception("dispatch observer failed on %r", event)
-
-
-def _doublings(elapsed: float, spacing: float) -> int:
-    """Whole ``spacing`` periods in ``elapsed``; a time computed as a multiple of ``spacing`` counts it in full."""
-    return int(elapsed / spacing + 1e-9)
 
 
 def _weights_of(source: object) -> WeightsView | None:
