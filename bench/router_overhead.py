@@ -1,10 +1,12 @@
 """What does ``rollout-fleet router`` add in front of healthy shards? Measured against nginx in the same run.
 
-The same sim shards (real subprocesses, no injected latency, no chaos) behind three fronts: none (the client calls
-the shards round-robin itself: the floor), nginx (bench/_peers.py's config), and the router (a subprocess, local
-probing). The same client sends the same prompts through each at C concurrent requests, each prompt once. Reported
-per front: p50/p99 latency, requests per second; then the router's added p50 over nginx (target <= 1 ms) and its
-throughput as a share of nginx's (target >= 0.5x).
+The same sim shards (real subprocesses, no injected latency, no chaos) behind four fronts: none (the client calls
+the shards round-robin itself), nginx (bench/_peers.py's config), the least an aiohttp proxy can do
+(bench/_aiohttp_floor.py: the HTTP stack the router is built on, without its dispatcher) and the router (a
+subprocess, local probing). The same client sends the same prompts through each at C concurrent requests, each
+prompt once. Reported per front: p50/p99 latency, requests per second, and for the two Python fronts their process's
+CPU time per request (from /proc); then the router's added p50 over nginx (target <= 1 ms), its throughput as a
+share of nginx's (target >= 0.5x), and its CPU per request against the aiohttp floor's (what the dispatcher costs).
 
     python bench/router_overhead.py              # 4 shards, 64 concurrent, 6400 requests per front
     python bench/router_overhead.py --latency 0.2 --requests 3200   # shards that take 0.2 s per generation
@@ -22,12 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
+from _aiohttp_floor import READY as FLOOR_READY
 from _peers import Nginx, ProxySettings
 from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
@@ -42,6 +49,8 @@ class Result:
     p99_ms: float
     rps: float
     errors: int
+    cpu_us: float | None = None
+    """The front's process CPU time (user + system) per request, in microseconds; None when not measured."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -49,12 +58,36 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int) -> Result:
-    """``requests`` completions, ``concurrency`` at a time, spread round-robin over ``urls``."""
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@asynccontextmanager
+async def aiohttp_floor(urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
+    """bench/_aiohttp_floor.py in front of ``urls``: its URL and pid while the context is open."""
+    script = Path(__file__).with_name("_aiohttp_floor.py")
+    process = await asyncio.create_subprocess_exec(sys.executable, str(script), *urls, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30.0)).decode()
+        if not line.startswith(FLOOR_READY):
+            raise RuntimeError(f"the aiohttp floor proxy did not start (exit {await process.wait()})")
+        yield f"http://127.0.0.1:{int(line.split()[1])}", process.pid
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int, *, pid: int | None = None) -> Result:
+    """``requests`` completions, ``concurrency`` at a time, spread round-robin over ``urls``; ``pid``: the front's
+    process, whose CPU time per request is reported."""
     latencies: list[float] = []
     errors = 0
     targets = itertools.cycle(urls)
-    counter = iter(range(requests))
+    counter = iter(range(concurrency))  # the warm-up: one request per connection the measured run will use
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
 
@@ -69,14 +102,17 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
                 latencies.append(time.perf_counter() - started)
                 errors += not ok
 
-        await asyncio.gather(*(worker() for _ in range(min(64, concurrency // 8 or 1))))  # warm connections
+        await asyncio.gather(*(worker() for _ in range(concurrency)))  # open the connections (not measured)
         latencies.clear()
+        errors = 0
         counter = iter(range(requests))
+        cpu = _cpu_seconds(pid) if pid is not None else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
+        cpu_us = (_cpu_seconds(pid) - cpu) / requests * 1e6 if pid is not None else None
     return Result(
-        front, _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors
+        front, _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors, cpu_us
     )
 
 
@@ -89,6 +125,8 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
         async with Nginx(ports, settings) as nginx:
             results.append(await drive("nginx", [nginx.url], requests, concurrency))
+        async with aiohttp_floor(urls) as (floor_url, floor_pid):
+            results.append(await drive("aiohttp floor", [floor_url], requests, concurrency, pid=floor_pid))
         args = [a for shard in fleet.shards for a in ("--shard", f"{shard.name}={shard.endpoint}")]
         router = await spawn_router([*args, "--probe-period", "0.5", "--log-level", "WARNING"])
         async with router, aiohttp.ClientSession() as http:
@@ -97,14 +135,22 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
                     if response.status == 200 and (await response.json())["routable"] == shards:
                         break
                 await asyncio.sleep(0.05)
-            results.append(await drive("router", [router.url], requests, concurrency))
-    print(f"\n{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7}")
+            results.append(await drive("router", [router.url], requests, concurrency, pid=router.pid))
+    print(f"\n{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
     for r in results:
-        print(f"{r.front:16} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.rps:8.0f} {r.errors:7d}")
-    nginx_row, router_row = results[1], results[2]
+        cpu = f"{r.cpu_us:11.0f}" if r.cpu_us is not None else f"{'-':>11}"
+        print(f"{r.front:16} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.rps:8.0f} {r.errors:7d} {cpu}")
+    nginx_row, floor_row, router_row = results[1], results[2], results[3]
     print(
         f"\n{MARKER}: added p50 {router_row.p50_ms - nginx_row.p50_ms:+.2f} ms (target <= 1 ms), "
         f"throughput {router_row.rps / nginx_row.rps:.2f}x nginx's (target >= 0.5x), at {concurrency} concurrent"
+    )
+    assert floor_row.cpu_us is not None
+    assert router_row.cpu_us is not None
+    print(
+        f"the aiohttp floor: added p50 {floor_row.p50_ms - nginx_row.p50_ms:+.2f} ms, throughput "
+        f"{floor_row.rps / nginx_row.rps:.2f}x nginx's; the router's CPU per request "
+        f"{router_row.cpu_us / floor_row.cpu_us:.2f}x the floor's ({router_row.cpu_us - floor_row.cpu_us:+.0f} us)"
     )
 
 

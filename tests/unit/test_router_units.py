@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import click
 import pytest
 
 from rollout_runtime.cli.router import shards_from_urls
 from rollout_runtime.router import RouterConfig, stream_error_event
+from rollout_runtime.router.app import AccessLogger
 
 
 def test_shards_are_named_by_host_and_port_unless_named() -> None:
@@ -50,3 +52,12 @@ def test_the_router_may_eject_every_failing_shard_by_default() -> None:
     request's attempts (bench/failover.py lost prompts to it); the dispatcher's panic mode still routes to all."""
     assert RouterConfig().dispatch_policy().max_ejection_percent == 100
     assert RouterConfig(max_ejection_percent=50).dispatch_policy().max_ejection_percent == 50
+
+
+def test_the_access_log_costs_nothing_unless_info_is_logged() -> None:
+    logger = logging.getLogger("rollout_runtime.router.access.test")
+    access = AccessLogger(logger, "")
+    logger.setLevel(logging.WARNING)
+    assert not access.enabled  # aiohttp skips the call (and its clock reads) for every request
+    logger.setLevel(logging.INFO)
+    assert access.enabled

@@ -112,6 +112,11 @@ class AccessLogger(AbstractAccessLogger):
     """One line per request: client, method, path (no query string), status, duration, shard. Never a body or a
     header, so neither a prompt nor a credential reaches the log."""
 
+    @property
+    def enabled(self) -> bool:
+        """Off unless INFO is logged: aiohttp then skips the call and the clock reads it times it with."""
+        return self.logger.isEnabledFor(logging.INFO)
+
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         self.logger.info(
             "%s %s %s %d %.1fms shard=%s",
