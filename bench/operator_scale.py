@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _proc import cpu_seconds, rss_mib
 from rollout_runtime.kube import kinds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,19 +107,6 @@ SMOKE = Scale(
 
 
 # -- processes and measurements --------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def scrape(url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> str:

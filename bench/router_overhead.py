@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -36,6 +35,7 @@ import aiohttp
 
 from _aiohttp_floor import READY as FLOOR_READY
 from _peers import Nginx, ProxySettings
+from _proc import cpu_seconds
 from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
 
@@ -56,12 +56,6 @@ class Result:
 def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @asynccontextmanager
@@ -106,11 +100,11 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
         latencies.clear()
         errors = 0
         counter = iter(range(requests))
-        cpu = _cpu_seconds(pid) if pid is not None else 0.0
+        cpu = cpu_seconds(pid) if pid is not None else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
-        cpu_us = (_cpu_seconds(pid) - cpu) / requests * 1e6 if pid is not None else None
+        cpu_us = (cpu_seconds(pid) - cpu) / requests * 1e6 if pid is not None else None
     return Result(
         front, _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors, cpu_us
     )

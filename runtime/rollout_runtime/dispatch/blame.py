@@ -61,9 +61,9 @@ _KEEP: Final[int] = 8
 _MAX_SIGNATURES: Final[int] = 256
 """Fleet-wide signatures remembered; the oldest is forgotten first."""
 _TRANSIENT: Final[frozenset[int]] = frozenset({408, 425, 429, 502, 503, 504})
-_ABOUT_THE_REQUEST: Final[frozenset[int]] = frozenset({400, 413, 422, 500})
-"""Answers that a single prompt's content explains: fleet-wide only when most attempts get them."""
 """Statuses that say "not now", never "never": they cannot make a fleet misconfigured."""
+_ABOUT_THE_REQUEST: Final[frozenset[int]] = frozenset({400, 413, 422, 500})
+"""Answers that a single prompt's content explains: fleet-wide only on more failed attempts than are in flight."""
 _REASON_CHARS: Final[int] = 160
 _DIGITS = re.compile(r"\d+")
 _SPACE = re.compile(r"\s+")

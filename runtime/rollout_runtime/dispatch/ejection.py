@@ -13,7 +13,7 @@ A returning shard is **on trial** (a circuit breaker's half-open state): it star
 a failed trial ejects it again for twice as long. A shard that failed in a way its probe cannot see (``/health``
 answers 200 while generation answers 503) would otherwise be handed a burst of attempts the moment a probe restores
 it, since a least-outstanding selection favours the shard with nothing in flight. Each time its first trial attempt
-outlives the failure that took it out by :data:`TRIAL_OUTLIVES` times (:meth:`EjectionTracker.trial_spacing`), twice
+outlives the failure that took it out by :data:`TRIAL_OUTLIVES` times (:meth:`EjectionTracker.trial_room`), twice
 as many may be in flight, until one succeeds: a 503 burst answers in milliseconds and a generation takes far longer,
 so a recovered shard is back to full load well before its first success, and one still failing takes one attempt.
 
@@ -87,9 +87,9 @@ class _Record:
     awaiting_probe: bool = False
     """The hold's backoff has run out and it waits for a passing probe (at most the ejection cap)."""
     failed_at: float = -math.inf
+    """Monotonic time of the failure that last ejected or held the shard: older successes are stale evidence."""
     took: float = math.inf
     """How long the failure that last ejected or held the shard took to come back."""
-    """Monotonic time of the failure that last ejected or held the shard: older successes are stale evidence."""
 
 
 class EjectionTracker:
@@ -134,15 +134,12 @@ class EjectionTracker:
         record = self._records.get(name)
         return record is not None and record.trial
 
-    def trial_spacing(self, name: str) -> float:
-        """Seconds a trial attempt on ``name`` must have been in flight before another may start beside it."""
-        record = self._records.get(name)
-        return TRIAL_OUTLIVES * record.took if record is not None else math.inf
-
     def trial_room(self, name: str, *, since: float, now: float) -> tuple[int, float | None]:
         """Attempts ``name`` may have in flight on trial at ``now``, its first trial attempt having started at
-        ``since`` (one, doubling every :meth:`trial_spacing`), and when that next doubles (None: never)."""
-        spacing = self.trial_spacing(name)
+        ``since`` (one, doubling every :data:`TRIAL_OUTLIVES` times the failure that took it out), and when that
+        next doubles (None: never)."""
+        record = self._records.get(name)
+        spacing = TRIAL_OUTLIVES * record.took if record is not None else math.inf
         if spacing == math.inf:
             return 1, None
         if spacing <= 0:
@@ -183,7 +180,7 @@ class EjectionTracker:
         """Eject ``name`` after an infra failure at ``now``; None if it is already out or the panic rule forbids.
 
         ``wall`` is the wall-clock time of the failure, compared against probe times; ``healthy`` the names
-        in the current healthy set; ``took`` how long the failed attempt took (for :meth:`trial_spacing`).
+        in the current healthy set; ``took`` how long the failed attempt took (for :meth:`trial_room`).
         """
         if name in self._ejected or name not in healthy:
             return None
