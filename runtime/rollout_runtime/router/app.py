@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
-import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry
@@ -47,6 +46,7 @@ from rollout_runtime.dispatch import (
     Skipped,
 )
 from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
+from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
@@ -131,7 +131,7 @@ class AccessLogger(AbstractAccessLogger):
 
 class Router:
     """The router's state: one long-lived dispatcher and session (shared ejection state, workers and stats) and one
-    client session to the shards.
+    :class:`~rollout_runtime.router.client.ShardClient` (kept-alive connections) to the shards.
 
     ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
     :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
@@ -156,17 +156,15 @@ class Router:
         self.metrics = RouterMetrics(self.registry, fleet=fleet, namespace=namespace)
         policy = self.config.dispatch_policy()
         self.dispatcher = Dispatcher(source, policy, registry=self.registry, observer=observer)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.config.connect_timeout_seconds, sock_read=self.config.read_timeout_seconds
-        )
-        self._session: aiohttp.ClientSession | None = None
+        self._client: ShardClient | None = None
         self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
-        connector = aiohttp.TCPConnector(limit=self.config.max_concurrency, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
+        self._client = ShardClient(
+            connect_timeout=self.config.connect_timeout_seconds, read_timeout=self.config.read_timeout_seconds
+        )
         self._requests = self._open_session()
         return self
 
@@ -177,9 +175,9 @@ class Router:
             await self._requests.aclose()
             self._requests = None
         await self.dispatcher.aclose()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     @property
     def ready(self) -> bool:
@@ -212,11 +210,8 @@ class Router:
         return await session.submit(forward)
 
     async def _attempt(self, shard: Shard, forward: Forward) -> Relayed:
-        assert self._session is not None, "use the Router as `async with Router(...)`"
-        limit = self.config.max_response_bytes
-        return await forward_attempt(
-            self._session, shard, forward, client_timeout=self._timeout, max_response_bytes=limit
-        )
+        assert self._client is not None, "use the Router as `async with Router(...)`"
+        return await forward_attempt(self._client, shard, forward, max_response_bytes=self.config.max_response_bytes)
 
     # -- HTTP ----------------------------------------------------------------------------------------------------
 

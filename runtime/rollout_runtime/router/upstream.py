@@ -26,10 +26,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-import aiohttp
-
 from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, RolloutTimeout, http_status_is_infra
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
+from rollout_runtime.router.client import InvalidResponse, Reply, ShardClient
 from rollout_runtime.shards.model import Shard
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
 
 _DONE: Final[bytes] = b"data: [DONE]"
 _PASSED_HEADERS: Final[tuple[str, ...]] = ("Content-Type",)
-_CHUNK: Final[int] = 64 * 1024
 
 
 class ShardRejected(RolloutDataFailure):
@@ -133,65 +131,50 @@ def _where_named(name: str, endpoint: str) -> str:
     return f"shard {name} ({redact_url(endpoint)})"
 
 
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int, where: str) -> bytes:
+async def _read_bounded(reply: Reply, limit: int, where: str) -> bytes:
     too_large = f"{where}: response larger than {limit} bytes"
-    if response.content_length is not None and response.content_length > limit:
-        raise GenerationUnavailable(too_large, status=response.status)
-    buffer = bytearray()
-    async for chunk in response.content.iter_chunked(_CHUNK):
-        buffer += chunk
-        if len(buffer) > limit:
-            raise GenerationUnavailable(too_large, status=response.status)
-    return bytes(buffer)
+    if reply.content_length is not None and reply.content_length > limit:
+        raise GenerationUnavailable(too_large, status=reply.status)
+    try:
+        return await reply.read(limit)
+    except OverflowError:
+        raise GenerationUnavailable(too_large, status=reply.status) from None
 
 
-async def _check_status(response: aiohttp.ClientResponse, where: str, limit: int) -> None:
+async def _check_status(reply: Reply, where: str, limit: int) -> None:
     """Raise the taxonomy's failure for a reply that is not a 2xx (before any of it reaches the client)."""
-    status = response.status
+    status = reply.status
     if 200 <= status < 300:
         return
     if 300 <= status < 400:  # never followed: the request and any key would go to a host that is not a shard
-        raise GenerationUnavailable(redirect_message(where, status, response.headers), status=status)
-    body = await _read_bounded(response, limit, where)
-    if status < 200 or http_status_is_infra(status):
+        raise GenerationUnavailable(redirect_message(where, status, reply.headers), status=status)
+    if status < 200:
         raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
-    content_type = response.headers.get("Content-Type", "application/json")
+    body = await _read_bounded(reply, limit, where)
+    if http_status_is_infra(status):
+        raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
+    content_type = reply.headers.get("Content-Type", "application/json")
     raise ShardRejected(f"{where} answered HTTP {status}", status=status, body=body, content_type=content_type)
 
 
-def _passed(response: aiohttp.ClientResponse) -> dict[str, str]:
-    return {name: response.headers[name] for name in _PASSED_HEADERS if name in response.headers}
+def _passed(reply: Reply) -> dict[str, str]:
+    return {name: reply.headers[name] for name in _PASSED_HEADERS if name in reply.headers}
 
 
-async def forward_attempt(
-    session: aiohttp.ClientSession,
-    shard: Shard,
-    forward: Forward,
-    *,
-    client_timeout: aiohttp.ClientTimeout,
-    max_response_bytes: int,
-) -> Relayed:
+async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *, max_response_bytes: int) -> Relayed:
     """Send ``forward`` to ``shard``; raise taxonomy failures only (see the module docstring)."""
     relay = forward.relay
     if relay is not None and relay.committed_to is not None:  # retry_refused keeps the dispatcher from this
         raise StreamOpenFailed(f"the stream already went to shard {relay.committed_to.name}: no second shard")
     forward.attempts += 1
     where = _where(shard)
-    headers = {"Content-Type": "application/json"} if forward.body is not None else {}
     try:
-        async with session.request(
-            forward.method,
-            shard.endpoint + forward.path,
-            data=forward.body,
-            headers=headers,
-            timeout=client_timeout,
-            allow_redirects=False,
-        ) as response:
-            await _check_status(response, where, max_response_bytes)
+        async with await client.request(shard.endpoint, forward.method, forward.path, forward.body) as reply:
+            await _check_status(reply, where, max_response_bytes)
             if relay is None:
-                body = await _read_bounded(response, max_response_bytes, where)
-                return Relayed(shard, response.status, _passed(response), body)
-            return await _relay_stream(response, shard, relay, where, forward.attempts)
+                body = await _read_bounded(reply, max_response_bytes, where)
+                return Relayed(shard, reply.status, _passed(reply), body)
+            return await _relay_stream(reply, shard, relay, where, forward.attempts)
     except ShardRejected as exc:
         forward.rejected = exc
         raise
@@ -199,19 +182,23 @@ async def forward_attempt(
         raise
     except ClientGone:
         return Relayed(shard, 200, {}, client_gone=True)
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except TimeoutError as exc:
         failure = _after_commit(relay, f"{where} was silent for longer than the read timeout")
         if failure is not None:
             raise failure from exc
-        raise RolloutTimeout(f"{where} did not answer within the read timeout") from exc
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+        raise RolloutTimeout(safe_message(f"{where} {exc}")) from exc
+    except InvalidResponse as exc:  # the shard is broken
+        reason = safe_message(f"{where}: invalid HTTP response: {exc}")
+        failure = _after_commit(relay, reason)
+        if failure is not None:
+            raise failure from exc
+        raise GenerationUnavailable(reason) from exc
+    except OSError as exc:  # refused, reset, closed mid-reply, no route, no such host
         reason = safe_message(f"{where}: {type(exc).__name__}: {exc}")
         failure = _after_commit(relay, reason)
         if failure is not None:
             raise failure from exc
         raise GenerationUnavailable(reason) from exc
-    except aiohttp.ClientResponseError as exc:  # an unparseable HTTP response: the shard is broken
-        raise GenerationUnavailable(safe_message(f"{where}: invalid HTTP response: {exc.message}")) from exc
     except asyncio.CancelledError:  # evicted (the shard left the healthy set) or the request ended
         _after_commit(relay, f"shard {shard.name} left the healthy set mid-stream")
         raise
@@ -226,15 +213,13 @@ def _after_commit(relay: StreamRelay | None, reason: str) -> StreamInterrupted |
     return StreamInterrupted(reason)
 
 
-async def _relay_stream(
-    response: aiohttp.ClientResponse, shard: Shard, relay: StreamRelay, where: str, attempt: int
-) -> Relayed:
-    first = await response.content.readany()
+async def _relay_stream(reply: Reply, shard: Shard, relay: StreamRelay, where: str, attempt: int) -> Relayed:
+    first = await reply.next_chunk()
     if not first:
         raise GenerationUnavailable(f"{where} closed its stream before the first byte")
     relay.committed_to = shard  # from here the client may have this shard's headers: no other shard may answer
     try:
-        write = await relay.open(shard, _passed(response), attempt)
+        write = await relay.open(shard, _passed(reply), attempt)
     except ConnectionError as exc:  # the client went away while its headers were sent
         relay.ended.set()
         raise ClientGone(str(exc)) from exc
@@ -253,10 +238,10 @@ async def _relay_stream(
             raise ClientGone(str(exc)) from exc
         sent += len(chunk)
         tail = (tail + chunk)[-64:]
-        chunk = await response.content.readany()
+        chunk = await reply.next_chunk()
     if _DONE not in tail:
         failure = _after_commit(relay, f"{where} ended its stream without data: [DONE]")
         assert failure is not None
         raise failure
     relay.ended.set()
-    return Relayed(shard, response.status, _passed(response), streamed_bytes=sent)
+    return Relayed(shard, reply.status, _passed(reply), streamed_bytes=sent)
