@@ -6,7 +6,9 @@ the shards round-robin itself), nginx (bench/_peers.py's config), the least an a
 subprocess, local probing). The same client sends the same prompts through each at C concurrent requests, each
 prompt once. Reported per front: p50/p99 latency, requests per second, and for the two Python fronts their process's
 CPU time per request (from /proc); then the router's added p50 over nginx (target <= 1 ms), its throughput as a
-share of nginx's (target >= 0.5x), and its CPU per request against the aiohttp floor's (what the dispatcher costs).
+share of nginx's (target >= 0.5x), and its CPU per request against the aiohttp floor's. Last, the two clients a
+proxy can send with, in this process over the same shards: aiohttp's and the router's own (router/client.py), CPU
+per request each.
 
     python bench/router_overhead.py              # 4 shards, 64 concurrent, 6400 requests per front
     python bench/router_overhead.py --latency 0.2 --requests 3200   # shards that take 0.2 s per generation
@@ -36,6 +38,7 @@ import aiohttp
 from _aiohttp_floor import READY as FLOOR_READY
 from _peers import Nginx, ProxySettings
 from _proc import cpu_seconds
+from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
 
@@ -110,6 +113,36 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
     )
 
 
+async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrency: int) -> float:
+    """CPU microseconds per request of this process sending ``requests`` completions through ``client``."""
+    body = b'{"prompt": "What is 1 + 1?", "max_tokens": 4}'
+    shard_client = ShardClient(connect_timeout=5.0, read_timeout=120.0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=120.0)
+    headers = {"Content-Type": "application/json"}
+    targets = itertools.cycle(urls)
+    async with aiohttp.ClientSession(trust_env=False, auto_decompress=False) as session:
+
+        async def one() -> None:
+            url = next(targets)
+            if client == "router":
+                async with await shard_client.request(url, "POST", "/v1/completions", body) as reply:
+                    await reply.read(1 << 20)
+            else:
+                async with session.post(url + "/v1/completions", data=body, headers=headers, timeout=timeout) as r:
+                    await r.read()
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                await one()
+
+        await asyncio.gather(*(worker(1) for _ in range(concurrency)))  # one connection each, not measured
+        started = time.process_time()
+        await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+        spent = time.process_time() - started
+    await shard_client.aclose()
+    return spent / (requests // concurrency * concurrency) * 1e6
+
+
 async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0) -> None:
     extra = ("--slow", str(latency)) if latency else ()
     async with SimFleet(shards, extra_args=extra) as fleet:
@@ -130,6 +163,7 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
                         break
                 await asyncio.sleep(0.05)
             results.append(await drive("router", [router.url], requests, concurrency, pid=router.pid))
+        clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
     print(f"\n{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
     for r in results:
         cpu = f"{r.cpu_us:11.0f}" if r.cpu_us is not None else f"{'-':>11}"
@@ -145,6 +179,10 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         f"the aiohttp floor: added p50 {floor_row.p50_ms - nginx_row.p50_ms:+.2f} ms, throughput "
         f"{floor_row.rps / nginx_row.rps:.2f}x nginx's; the router's CPU per request "
         f"{router_row.cpu_us / floor_row.cpu_us:.2f}x the floor's ({router_row.cpu_us - floor_row.cpu_us:+.0f} us)"
+    )
+    print(
+        f"clients to the shards: the router's {clients['router']:.0f} us CPU per request, aiohttp's "
+        f"{clients['aiohttp']:.0f} us ({clients['router'] / clients['aiohttp']:.2f}x)"
     )
 
 
