@@ -149,6 +149,21 @@ async def test_a_connection_the_shard_closed_while_idle_is_never_a_failed_reques
     assert shard_client.connections_opened == 5
 
 
+async def test_bytes_past_the_reply_are_never_read_as_the_next_requests_reply(shard_client: ShardClient) -> None:
+    async def two_replies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+            await writer.drain()
+
+    async with raw_server(two_replies) as (url, peers):
+        for _ in range(3):
+            async with await within(shard_client.request(url, "POST", "/", b"{}"), "a reply") as reply:
+                assert await within(reply.read(64), "the body") == b"first"
+    assert len(peers) == 3, "a connection that carried a second reply was reused"
+
+
 def _idle_transports(client: ShardClient) -> list[object]:
     return [c.transport for idle in client._idle.values() for c in idle if c.transport is not None]
 

@@ -90,6 +90,8 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
+        self.in_use = False
+        """Whether a request was sent and its reply is still being read."""
         self._start()
 
     def _start(self) -> None:
@@ -118,6 +120,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if not self.in_use:  # bytes nobody asked for (a second reply?): the connection can never be trusted again
+            self.close()
+            return
         self._heard = self._loop.time()
         self.answered = True
         try:
@@ -125,9 +130,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(InvalidResponse("the shard switched protocols"))
         except httptools.HttpParserError as exc:
-            if self.error is None:
+            if self.error is None and not self.complete:
                 self._fail(InvalidResponse(f"not an HTTP/1.x reply: {exc}"))
-            self.close()
+            self.close()  # a complete reply still stands; its connection does not
 
     def eof_received(self) -> bool:
         return False  # close the transport: a shard that stops sending is done with this connection
@@ -144,6 +149,10 @@ class _Connection(asyncio.Protocol):
         self._fail(ConnectionResetError(f"the shard closed the connection {where}"))
 
     # -- httptools callbacks -------------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.headers_done:  # a second reply to one request: stop here, never read it as the next one's
+            raise InvalidResponse("a second reply to one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
@@ -182,6 +191,7 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         assert self.transport is not None
         self._start()
+        self.in_use = True
         self.transport.write(data)
         self._heard = self._loop.time()
         self._timer = self._loop.call_at(self._heard + self._read_timeout, self._check_silence)
@@ -213,6 +223,7 @@ class _Connection(asyncio.Protocol):
 
     def done(self) -> None:
         """The reply is no longer read: stop its silence timer."""
+        self.in_use = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
