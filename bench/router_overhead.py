@@ -2,15 +2,16 @@
 
 The same sim shards (real subprocesses, no injected latency, no chaos) behind four fronts: none (the client calls
 the shards round-robin itself), nginx (bench/_peers.py's config), the least an aiohttp proxy can do
-(bench/_aiohttp_floor.py: the HTTP stack the router is built on, without its dispatcher) and the router (a
+(bench/_aiohttp_floor.py: an aiohttp server and aiohttp's client, no dispatcher) and the router (a
 subprocess, local probing). The same client sends the same prompts through each at C concurrent requests, each
-prompt once. Reported per front: p50/p99 latency, requests per second, and for the two Python fronts their process's
-CPU time per request (from /proc); then the router's added p50 over nginx (target <= 1 ms), its throughput as a
-share of nginx's (target >= 0.5x), and its CPU per request against the aiohttp floor's. Last, the two clients a
-proxy can send with, in this process over the same shards: aiohttp's and the router's own (router/client.py), CPU
-per request each.
+prompt once, in interleaved rounds (3 by default, each round running the fronts in another order, so that drift
+of the machine hits every front alike). Reported per front, as medians over the rounds: p50/p99 latency, requests
+per second, and for the two Python fronts their process's CPU time per request (from /proc); then the router's added
+p50 over nginx (target <= 1 ms) and its throughput as a share of nginx's (target >= 0.5x), each per round and their
+median, and its CPU per request against the aiohttp floor's. Last, the two clients a proxy can send with, in this
+process over the same shards: aiohttp's and the router's own (router/client.py), CPU per request each.
 
-    python bench/router_overhead.py              # 4 shards, 64 concurrent, 6400 requests per front
+    python bench/router_overhead.py              # 4 shards, 64 concurrent, 3 rounds of 6400 requests per front
     python bench/router_overhead.py --latency 0.2 --requests 3200   # shards that take 0.2 s per generation
     python bench/router_overhead.py --smoke      # tiny sizes (CI; no numbers asserted)
 
@@ -29,9 +30,10 @@ import itertools
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import aiohttp
 
@@ -143,42 +145,66 @@ async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrenc
     return spent / (requests // concurrency * concurrency) * 1e6
 
 
-async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0) -> None:
+async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 3) -> None:
     extra = ("--slow", str(latency)) if latency else ()
-    async with SimFleet(shards, extra_args=extra) as fleet:
+    settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
+    async with AsyncExitStack() as stack:
+        fleet = await stack.enter_async_context(SimFleet(shards, extra_args=extra))
         urls = [shard.endpoint for shard in fleet.shards]
         ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
-        results = [await drive("none (direct)", urls, requests, concurrency)]
-        settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
-        async with Nginx(ports, settings) as nginx:
-            results.append(await drive("nginx", [nginx.url], requests, concurrency))
-        async with aiohttp_floor(urls) as (floor_url, floor_pid):
-            results.append(await drive("aiohttp floor", [floor_url], requests, concurrency, pid=floor_pid))
+        nginx = await stack.enter_async_context(Nginx(ports, settings))
+        floor_url, floor_pid = await stack.enter_async_context(aiohttp_floor(urls))
         args = [a for shard in fleet.shards for a in ("--shard", f"{shard.name}={shard.endpoint}")]
-        router = await spawn_router([*args, "--probe-period", "0.5", "--log-level", "WARNING"])
-        async with router, aiohttp.ClientSession() as http:
+        router = await stack.enter_async_context(
+            await spawn_router([*args, "--probe-period", "0.5", "--log-level", "WARNING"])
+        )
+        async with aiohttp.ClientSession() as http:
             for _ in range(200):  # the router's probes find the shards (setup, not measured)
                 async with http.get(router.url + "/readyz") as response:
                     if response.status == 200 and (await response.json())["routable"] == shards:
                         break
                 await asyncio.sleep(0.05)
-            results.append(await drive("router", [router.url], requests, concurrency, pid=router.pid))
+        fronts: list[tuple[str, list[str], int | None]] = [
+            ("none (direct)", urls, None),
+            ("nginx", [nginx.url], None),
+            ("aiohttp floor", [floor_url], floor_pid),
+            ("router", [router.url], router.pid),
+        ]
+        runs: dict[str, list[Result]] = {name: [] for name, _, _ in fronts}
+        for index in range(rounds):  # interleaved, each round in another order: drift hits every front alike
+            for name, targets, pid in fronts[index % len(fronts) :] + fronts[: index % len(fronts)]:
+                runs[name].append(await drive(name, targets, requests, concurrency, pid=pid))
         clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
-    print(f"\n{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
-    for r in results:
-        cpu = f"{r.cpu_us:11.0f}" if r.cpu_us is not None else f"{'-':>11}"
-        print(f"{r.front:16} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.rps:8.0f} {r.errors:7d} {cpu}")
-    nginx_row, floor_row, router_row = results[1], results[2], results[3]
+    print(f"\n{rounds} interleaved round(s) of {requests} requests per front; medians over the rounds")
+    print(f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
+    for name, results in runs.items():
+        cpus = [r.cpu_us for r in results if r.cpu_us is not None]
+        cpu = f"{median(cpus):11.0f}" if cpus else f"{'-':>11}"
+        p50, p99 = median([r.p50_ms for r in results]), median([r.p99_ms for r in results])
+        rps, errors = median([r.rps for r in results]), sum(r.errors for r in results)
+        print(f"{name:16} {p50:8.2f} {p99:8.2f} {rps:8.0f} {errors:7d} {cpu}")
+
+    def ratios(front: str) -> tuple[list[float], list[float]]:
+        """Per round: the front's added p50 over nginx's (ms) and its throughput as a share of nginx's."""
+        pairs = list(zip(runs[front], runs["nginx"], strict=True))
+        return [f.p50_ms - n.p50_ms for f, n in pairs], [f.rps / n.rps for f, n in pairs]
+
+    def rounds_of(values: list[float], spec: str) -> str:
+        return ", ".join(format(value, spec) for value in values)
+
+    added, shares = ratios("router")
     print(
-        f"\n{MARKER}: added p50 {router_row.p50_ms - nginx_row.p50_ms:+.2f} ms (target <= 1 ms), "
-        f"throughput {router_row.rps / nginx_row.rps:.2f}x nginx's (target >= 0.5x), at {concurrency} concurrent"
+        f"\n{MARKER}: added p50 {median(added):+.2f} ms (target <= 1 ms; rounds {rounds_of(added, '+.2f')}), "
+        f"throughput {median(shares):.2f}x nginx's (target >= 0.5x; rounds {rounds_of(shares, '.2f')}), "
+        f"at {concurrency} concurrent"
     )
-    assert floor_row.cpu_us is not None
-    assert router_row.cpu_us is not None
+    floor_added, floor_shares = ratios("aiohttp floor")
+    router_cpu = [r.cpu_us for r in runs["router"] if r.cpu_us is not None]
+    floor_cpu = [r.cpu_us for r in runs["aiohttp floor"] if r.cpu_us is not None]
     print(
-        f"the aiohttp floor: added p50 {floor_row.p50_ms - nginx_row.p50_ms:+.2f} ms, throughput "
-        f"{floor_row.rps / nginx_row.rps:.2f}x nginx's; the router's CPU per request "
-        f"{router_row.cpu_us / floor_row.cpu_us:.2f}x the floor's ({router_row.cpu_us - floor_row.cpu_us:+.0f} us)"
+        f"the aiohttp floor: added p50 {median(floor_added):+.2f} ms, throughput {median(floor_shares):.2f}x "
+        f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "
+        f"({median(router_cpu) - median(floor_cpu):+.0f} us)"
     )
     print(
         f"clients to the shards: the router's {clients['router']:.0f} us CPU per request, aiohttp's "
@@ -193,11 +219,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=6400)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds each shard takes per generation")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every front (medians reported)")
     options = parser.parse_args()
     if options.smoke:
-        asyncio.run(main_async(2, 200, 16))
+        asyncio.run(main_async(2, 100, 16, rounds=2))
     else:
-        asyncio.run(main_async(options.shards, options.requests, options.concurrency, options.latency))
+        asyncio.run(main_async(options.shards, options.requests, options.concurrency, options.latency, options.rounds))
 
 
 if __name__ == "__main__":
