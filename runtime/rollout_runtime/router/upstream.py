@@ -1,9 +1,10 @@
 """One attempt of one routed request on one shard: the dispatcher's ``rollout(shard, forward)`` for the router.
 
-What a shard's answer means is the generation client's mapping (:mod:`rollout_runtime.generation`), applied to
-relayed bytes instead of parsed completions:
+Sent through the router's :class:`~rollout_runtime.router.client.ShardClient`. What a shard's answer means is the
+generation client's mapping (:mod:`rollout_runtime.generation`), applied to relayed bytes instead of parsed
+completions:
 
-- cannot connect, dropped, silent past the read timeout, a 5xx/408/425/429, a redirect -> infra (retried on
+- cannot connect, dropped, silent past the read timeout, not HTTP/1.x, a 5xx/408/425/429, a redirect -> infra (retried on
   another shard, the shard passively ejected when it is to blame);
 - any other 4xx -> :class:`ShardRejected` (data): the request's own fault, relayed to the client as the shard said
   it, never retried;
@@ -187,14 +188,9 @@ async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *
         if failure is not None:
             raise failure from exc
         raise RolloutTimeout(safe_message(f"{where} {exc}")) from exc
-    except InvalidResponse as exc:  # the shard is broken
-        reason = safe_message(f"{where}: invalid HTTP response: {exc}")
-        failure = _after_commit(relay, reason)
-        if failure is not None:
-            raise failure from exc
-        raise GenerationUnavailable(reason) from exc
-    except OSError as exc:  # refused, reset, closed mid-reply, no route, no such host
-        reason = safe_message(f"{where}: {type(exc).__name__}: {exc}")
+    except (InvalidResponse, OSError) as exc:  # not HTTP; refused, reset, closed mid-reply, no route, no such host
+        what = "invalid HTTP response" if isinstance(exc, InvalidResponse) else type(exc).__name__
+        reason = safe_message(f"{where}: {what}: {exc}")
         failure = _after_commit(relay, reason)
         if failure is not None:
             raise failure from exc
