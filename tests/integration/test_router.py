@@ -152,7 +152,7 @@ async def test_multistep_episodes_through_the_router_all_complete_while_shards_d
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
     """sim-env multistep asks the policy (the router) for every step; shards are killed, frozen and 503-burst."""
-    episodes, steps = 16, 6
+    episodes, steps = 16, 10
     async with SimFleet(4, log_dir=tmp_path) as fleet:
         names = fleet.names
         async with (
@@ -170,12 +170,16 @@ async def test_multistep_episodes_through_the_router_all_complete_while_shards_d
             async def answered() -> float:
                 return await _metric(http, router, "router_requests_total", 'code="200"')
 
+            async def burst_hit() -> bool:
+                return bool((await fleet.stats(names[2])).get("errors_503", 0) >= 1)
+
             running = asyncio.gather(*(episode(i) for i in range(episodes)))
             await until(lambda: _at_least(answered, 10), timeout_seconds=60, what="10 policy calls")
             await fleet.kill(names[0])
-            await until(lambda: _at_least(answered, 30), timeout_seconds=60, what="30 policy calls")
-            fleet.hang(names[1])
             await fleet.set_faults(names[2], fail_next=5, error_status=503)
+            # while the episodes run: the router answers fast enough to finish them before a later burst would hit
+            await until(burst_hit, timeout_seconds=60, what=f"the 503 burst on {names[2]} answering a request")
+            fleet.hang(names[1])
             replies = await within(running, "every episode through the router")
             fleet.resume(names[1])
             stats = await fleet.stats(names[2])
