@@ -4,8 +4,8 @@ Sent through the router's :class:`~rollout_runtime.router.client.ShardClient`. W
 generation client's mapping (:mod:`rollout_runtime.generation`), applied to relayed bytes instead of parsed
 completions:
 
-- cannot connect, dropped, silent past the read timeout, not HTTP/1.x, a 5xx/408/425/429, a redirect -> infra (retried on
-  another shard, the shard passively ejected when it is to blame);
+- cannot connect, dropped, silent past the read timeout, not HTTP/1.x, a 5xx/408/425/429, a redirect -> infra
+  (retried on another shard, the shard passively ejected when it is to blame);
 - any other 4xx -> :class:`ShardRejected` (data): the request's own fault, relayed to the client as the shard said
   it, never retried;
 - a 2xx: a non-streamed body is read (bounded) and handed back; a stream is relayed as it arrives.
