@@ -177,9 +177,12 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
     print(f"\n{rounds} interleaved round(s) of {requests} requests per front; medians over the rounds")
     print(f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
+
+    def cpu_of(front: str) -> list[float]:
+        return [r.cpu_us for r in runs[front] if r.cpu_us is not None]
+
     for name, results in runs.items():
-        cpus = [r.cpu_us for r in results if r.cpu_us is not None]
-        cpu = f"{median(cpus):11.0f}" if cpus else f"{'-':>11}"
+        cpu = f"{median(cpu_of(name)):11.0f}" if cpu_of(name) else f"{'-':>11}"
         p50, p99 = median([r.p50_ms for r in results]), median([r.p99_ms for r in results])
         rps, errors = median([r.rps for r in results]), sum(r.errors for r in results)
         print(f"{name:16} {p50:8.2f} {p99:8.2f} {rps:8.0f} {errors:7d} {cpu}")
@@ -199,8 +202,7 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         f"at {concurrency} concurrent"
     )
     floor_added, floor_shares = ratios("aiohttp floor")
-    router_cpu = [r.cpu_us for r in runs["router"] if r.cpu_us is not None]
-    floor_cpu = [r.cpu_us for r in runs["aiohttp floor"] if r.cpu_us is not None]
+    router_cpu, floor_cpu = cpu_of("router"), cpu_of("aiohttp floor")
     print(
         f"the aiohttp floor: added p50 {median(floor_added):+.2f} ms, throughput {median(floor_shares):.2f}x "
         f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "

@@ -84,8 +84,9 @@ def _tls_context() -> ssl.SSLContext:
 class _Connection(asyncio.Protocol):
     """One TCP connection to a shard and the reply being read on it (one at a time)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: _Address, read_timeout: float) -> None:
         self._loop = loop
+        self.address = address
         self._read_timeout = read_timeout
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -133,9 +134,6 @@ class _Connection(asyncio.Protocol):
             if self.error is None and not self.complete:
                 self._fail(InvalidResponse(f"not an HTTP/1.x reply: {exc}"))
             self.close()  # a complete reply still stands; its connection does not
-
-    def eof_received(self) -> bool:
-        return False  # close the transport: a shard that stops sending is done with this connection
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -272,9 +270,8 @@ class Reply:
     """A shard's reply, once its headers are in; read its body with :meth:`next_chunk` or :meth:`read`, then
     :meth:`close` (the ``async with`` form does) to give the connection back or close it."""
 
-    def __init__(self, client: ShardClient, address: _Address, connection: _Connection) -> None:
+    def __init__(self, client: ShardClient, connection: _Connection) -> None:
         self._client = client
-        self._address = address
         self._connection: _Connection | None = connection
         self.status = connection.status
         self.headers = CIMultiDictProxy(
@@ -303,7 +300,7 @@ class Reply:
     def close(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
-            self._client._release(self._address, connection)
+            self._client._release(connection)
 
     async def __aenter__(self) -> Reply:
         return self
@@ -354,13 +351,13 @@ class ShardClient:
         connection = self._take(address)
         if connection is not None:
             try:
-                return await self._exchange(address, connection, data)
+                return await self._exchange(connection, data)
             except ConnectionError:
                 if connection.answered:
                     raise
-        return await self._exchange(address, await self._connect(address), data)
+        return await self._exchange(await self._connect(address), data)
 
-    async def _exchange(self, address: _Address, connection: _Connection, data: bytes) -> Reply:
+    async def _exchange(self, connection: _Connection, data: bytes) -> Reply:
         try:
             connection.send(data)
             while not connection.headers_done:
@@ -368,7 +365,7 @@ class ShardClient:
         except BaseException:
             connection.close()
             raise
-        return Reply(self, address, connection)
+        return Reply(self, connection)
 
     def _take(self, address: _Address) -> _Connection | None:
         idle = self._idle.get(address)
@@ -389,7 +386,7 @@ class ShardClient:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop, self.read_timeout),
+                    lambda: _Connection(loop, address, self.read_timeout),
                     address.host,
                     address.port,
                     ssl=tls,
@@ -400,12 +397,12 @@ class ShardClient:
         self.connections_opened += 1
         return connection
 
-    def _release(self, address: _Address, connection: _Connection) -> None:
+    def _release(self, connection: _Connection) -> None:
         connection.done()
         if not connection.reusable:
             connection.close()
             return
-        idle = self._idle.setdefault(address, [])
+        idle = self._idle.setdefault(connection.address, [])
         if len(idle) >= _MAX_IDLE_PER_SHARD:
             connection.close()
             return
