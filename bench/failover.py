@@ -23,6 +23,7 @@ the last request sent to that shard while it was down, and wall time; then each 
     python bench/failover.py                    # full run: 6 shards, 32 concurrent, 4800 prompts (~4 minutes)
     python bench/failover.py --smoke            # tiny sizes (CI; no numbers asserted)
     python bench/failover.py --contenders rollout-fleet,haproxy --seed 7
+    python bench/failover.py --seeds 1,2,3,4     # one run per seed, then each contender's medians over them
     python bench/failover.py --scenario poison      # a poison prompt among 4,800: healthy shards ejected, run ends?
     python bench/failover.py --scenario fleet-401   # every shard 401: attempts to the run-level error vs a naive loop
     python bench/failover.py --scenario no-shards   # 100,000 prompts, zero healthy shards: time to error, peak RSS
@@ -37,8 +38,9 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -524,7 +526,7 @@ def _ratio(peer: float | None, ours: float | None) -> str:
     return f"{peer / ours:.1f}x"
 
 
-def report(rows: Sequence[Row], scale: Scale) -> None:
+def report(rows: Sequence[Row]) -> None:
     print(
         f"\n{'contender':14} {'completed':>9} {'lost':>5} {'wrong':>5} {'shard reqs':>10} {'wasted':>7} "
         f"{'p50 s':>7} {'p99 s':>7} {'max s':>7} {'kill->last s':>12} {'hang->last s':>12} {'wall s':>7}"
@@ -697,21 +699,73 @@ async def weights_scenario(scale: Scale, seed: int, refit_every: float, restart_
     return rows
 
 
-async def main_async(scale: Scale, seed: int, contenders: Sequence[str], trace: int = 0) -> None:
-    print(
-        f"failover benchmark: {scale.shards} sim shards, {scale.prompts} prompts, {scale.concurrency} concurrent, "
-        f"{scale.latency:g}s generation, attempt timeout {scale.attempt_timeout:g}s, {scale.tries} tries, probes "
-        f"every {scale.probe_period:g}s (timeout {scale.probe_timeout:g}s, fall {scale.fall}, rise {scale.rise}), "
-        f"backoff {scale.backoff_initial:g}s..{scale.backoff_max:g}s, seed {seed}"
-    )
-    print("chaos: " + "; ".join(fault.describe() for fault in chaos_schedule(scale, seed).faults))
-    rows = []
-    for name in contenders:
-        started = time.monotonic()
-        row = await run_contender(name, scale, seed, trace)
-        print(f"  {name}: done in {time.monotonic() - started:.1f}s")
-        rows.append(row)
-    report(rows, scale)
+def _latest(values: Iterable[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
+
+
+def report_seeds(runs: Mapping[int, Sequence[Row]]) -> None:
+    """Each contender's figures seed by seed and their median: one run's waste and tail move by as much as the
+    margins between contenders, so a comparison is made on the medians over several chaos timelines."""
+    seeds = list(runs)
+    names = [row.name for row in runs[seeds[0]]]
+    by_name = {name: [next(r for r in runs[seed] if r.name == name) for seed in seeds] for name in names}
+    print(f"\nover seeds {', '.join(map(str, seeds))} (each seed's value, then the median):")
+    columns: list[tuple[str, Callable[[Row], float], str]] = [
+        ("lost", lambda r: r.lost, "{:.0f}"),
+        ("wasted", lambda r: r.wasted, "{:.0f}"),
+        ("p99 s", lambda r: r.p99, "{:.2f}"),
+        ("max s", lambda r: r.worst, "{:.2f}"),
+    ]
+    for name, rows in by_name.items():
+        cells = []
+        for title, value, fmt in columns:
+            values = [value(r) for r in rows]
+            cells.append(f"{title} {'/'.join(fmt.format(v) for v in values)} -> {fmt.format(median(values))}")
+        cells.append(f"kill->last s {'/'.join(_s(r.kill_to_last) for r in rows)}")
+        cells.append(f"hang->last s {'/'.join(_s(r.hang_to_last) for r in rows)}")
+        print(f"  {name:14} " + "; ".join(cells))
+    medians = [
+        Row(
+            name=name,
+            completed=round(median(r.completed for r in rows)),
+            lost=round(median(r.lost for r in rows)),
+            wrong=round(median(r.wrong for r in rows)),
+            shard_requests=round(median(r.shard_requests for r in rows)),
+            wasted=round(median(r.wasted for r in rows)),
+            p50=median(r.p50 for r in rows),
+            p99=median(r.p99 for r in rows),
+            worst=median(r.worst for r in rows),
+            kill_to_last=_latest(r.kill_to_last for r in rows),
+            hang_to_last=_latest(r.hang_to_last for r in rows),
+            wall=median(r.wall for r in rows),
+            late=round(median(r.late for r in rows)),
+        )
+        for name, rows in by_name.items()
+    ]
+    print("\nmedians over the seeds (kill->last and hang->last: the latest over the seeds):")
+    report(medians)
+
+
+async def main_async(scale: Scale, seeds: Sequence[int], contenders: Sequence[str], trace: int = 0) -> None:
+    runs: dict[int, list[Row]] = {}
+    for seed in seeds:
+        print(
+            f"failover benchmark: {scale.shards} sim shards, {scale.prompts} prompts, {scale.concurrency} concurrent, "
+            f"{scale.latency:g}s generation, attempt timeout {scale.attempt_timeout:g}s, {scale.tries} tries, probes "
+            f"every {scale.probe_period:g}s (timeout {scale.probe_timeout:g}s, fall {scale.fall}, rise {scale.rise}), "
+            f"backoff {scale.backoff_initial:g}s..{scale.backoff_max:g}s, seed {seed}"
+        )
+        print("chaos: " + "; ".join(fault.describe() for fault in chaos_schedule(scale, seed).faults))
+        rows = runs[seed] = []
+        for name in contenders:
+            started = time.monotonic()
+            row = await run_contender(name, scale, seed, trace)
+            print(f"  {name}: done in {time.monotonic() - started:.1f}s")
+            rows.append(row)
+        report(rows)
+    if len(seeds) > 1:
+        report_seeds(runs)
 
 
 # -- blame scenarios (issue 13): in-process aiohttp shards on 127.0.0.1, no chaos ----------------------------------
@@ -861,6 +915,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seeds", default=None, help="comma-separated seeds: one run per seed, then each contender's medians"
+    )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {CONTENDERS}")
     parser.add_argument("--trace", type=int, default=0, help="print the N slowest prompts of each contender")
     parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
@@ -879,7 +936,11 @@ def main() -> None:
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {', '.join(CONTENDERS)}")
-    asyncio.run(main_async(SMOKE if args.smoke else FULL, args.seed, contenders, args.trace))
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
+    asyncio.run(main_async(SMOKE if args.smoke else FULL, seeds, contenders, args.trace))
 
 
 if __name__ == "__main__":

@@ -2,17 +2,18 @@
 
 The same sim shards (real subprocesses, no injected latency, no chaos) behind four fronts: none (the client calls
 the shards round-robin itself), nginx (bench/_peers.py's config), the least an aiohttp proxy can do
-(bench/_aiohttp_floor.py: an aiohttp server and aiohttp's client, no dispatcher) and the router (a
-subprocess, local probing). The same client sends the same prompts through each at C concurrent requests, each
-prompt once, in interleaved rounds (3 by default, each round running the fronts in another order, so that drift
-of the machine hits every front alike). Reported per front, as medians over the rounds: p50/p99 latency, requests
-per second, and for the two Python fronts their process's CPU time per request (from /proc); then the router's added
-p50 over nginx (target <= 1 ms) and its throughput as a share of nginx's (target >= 0.5x), each per round and their
-median, and its CPU per request against the aiohttp floor's. Last, the two clients a proxy can send with, in this
-process over the same shards: aiohttp's and the router's own (router/client.py), CPU per request each.
+(bench/_aiohttp_floor.py: an aiohttp server and aiohttp's client, no dispatcher) and the router (a subprocess, local
+probing). The same client sends the same prompts through each at C concurrent requests, each prompt once, in
+interleaved rounds (6 by default; nginx and the router run back to back, and every other round runs the fronts in
+reverse order, so that drift of the machine cancels instead of favouring one front). Reported per front, as medians
+over the rounds: p50/p99 latency, requests per second, and for the two Python fronts their process's CPU time per
+request (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a share of
+nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp floor's.
+Last, the two clients a proxy can send with, in this process over the same shards: aiohttp's and the router's own
+(router/client.py), CPU per request each.
 
-    python bench/router_overhead.py              # 4 shards, 64 concurrent, 3 rounds of 6400 requests per front
-    python bench/router_overhead.py --latency 0.2 --requests 3200   # shards that take 0.2 s per generation
+    python bench/router_overhead.py              # 4 shards, 64 concurrent, 6 rounds of 6400 requests per front
+    python bench/router_overhead.py --latency 0.2 --requests 1600   # shards that take 0.2 s per generation
     python bench/router_overhead.py --smoke      # tiny sizes (CI; no numbers asserted)
 
 With no injected latency the shards answer as fast as they can and the closed loop saturates the machine's CPUs, so
@@ -167,12 +168,14 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         fronts: list[tuple[str, list[str], int | None]] = [
             ("none (direct)", urls, None),
             ("nginx", [nginx.url], None),
-            ("aiohttp floor", [floor_url], floor_pid),
             ("router", [router.url], router.pid),
+            ("aiohttp floor", [floor_url], floor_pid),
         ]
         runs: dict[str, list[Result]] = {name: [] for name, _, _ in fronts}
-        for index in range(rounds):  # interleaved, each round in another order: drift hits every front alike
-            for name, targets, pid in fronts[index % len(fronts) :] + fronts[: index % len(fronts)]:
+        for index in range(rounds):
+            # Interleaved, nginx and the router back to back and every other round in reverse (ABBA): the drift of
+            # the machine between the two fronts compared cancels over the rounds instead of adding to one side.
+            for name, targets, pid in fronts if index % 2 == 0 else fronts[::-1]:
                 runs[name].append(await drive(name, targets, requests, concurrency, pid=pid))
         clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
     print(f"\n{rounds} interleaved round(s) of {requests} requests per front; medians over the rounds")
@@ -221,7 +224,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=6400)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds each shard takes per generation")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every front (medians reported)")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds of every front (medians reported)")
     options = parser.parse_args()
     if options.smoke:
         asyncio.run(main_async(2, 100, 16, rounds=2))
