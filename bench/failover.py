@@ -923,6 +923,8 @@ def main() -> None:
     parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="run one blame scenario instead")
     args = parser.parse_args()
+    if args.seeds and (args.weights or args.scenario):
+        parser.error("--seeds runs the failover contenders; give --seed to --weights and --scenario")
     if args.weights:
         scale = SMOKE if args.smoke else FULL
         asyncio.run(
