@@ -146,7 +146,7 @@ async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrenc
     return spent / (requests // concurrency * concurrency) * 1e6
 
 
-async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 3) -> None:
+async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 6) -> None:
     extra = ("--slow", str(latency)) if latency else ()
     settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
     async with AsyncExitStack() as stack:

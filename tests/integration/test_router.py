@@ -180,6 +180,7 @@ async def test_multistep_episodes_through_the_router_all_complete_while_shards_d
             # while the episodes run: the router answers fast enough to finish them before a later burst would hit
             await until(burst_hit, timeout_seconds=60, what=f"the 503 burst on {names[2]} answering a request")
             fleet.hang(names[1])
+            assert not running.done(), "the episodes ended before the freeze: it would prove nothing"
             replies = await within(running, "every episode through the router")
             fleet.resume(names[1])
             stats = await fleet.stats(names[2])
