@@ -149,6 +149,44 @@ async def test_env_crash_checkpoints_parked_episodes_and_the_restart_continues_t
         assert reply.continued_from_step > 0
 
 
+class _CountingEnvTarget(SimEnvTarget):
+    """A real sim-env target that says when the injector released an empty checkpoint."""
+
+    def __init__(self, kind: str, *, checkpoint_dir: Path) -> None:
+        super().__init__(kind, checkpoint_dir=checkpoint_dir)
+        self.released = asyncio.Event()
+
+    async def resume(self) -> None:
+        await super().resume()
+        self.released.set()
+
+
+async def test_env_crash_on_an_idle_server_waits_for_an_episode_instead_of_crashing_nothing(tmp_path: Path) -> None:
+    schedule = FaultSchedule.of([Fault(kind=FaultKind.ENV_CRASH, target="env", at_progress=0.0)])
+
+    async with SimFleet(0) as fleet, _CountingEnvTarget("multistep", checkpoint_dir=tmp_path / "ckpt") as env:
+        injector = FaultInjector(fleet, schedule, environments={"env": env})
+        injector.advance(0.0)
+        released = asyncio.create_task(env.released.wait())
+        crashed = asyncio.create_task(injector.until_applied(1))
+        await asyncio.wait({released, crashed}, return_when=asyncio.FIRST_COMPLETED)
+        crashed.cancel()
+        assert released.done(), "the injector crashed an environment with no episode in flight"
+        assert env.restarts == 0
+        request = MultiStepRequest(episode_id="late", values=[1, 2, 3, 4, 5, 6], step_delay_seconds=0.3)
+        async with EnvironmentClient(env.url, timeout_seconds=30) as client:
+            episode = asyncio.create_task(client.run_episode(request, MultiStepResponse))
+            await _until_in_flight(env.url)
+            injector.advance(0.5)
+            await injector.wait()
+            with pytest.raises(GymTransportError):
+                await episode
+        (record,) = injector.injected
+        assert record.detail["checkpointed_episodes"] == ["late"]
+        assert env.restarts == 1
+        assert not injector.errors
+
+
 async def _until_in_flight(url: str) -> None:
     """The server runs the episode (asked over HTTP: the server is another process, there is no event to await)."""
     async with EnvironmentClient(url) as client:

@@ -256,6 +256,10 @@ class EnvironmentTarget(Protocol):
         """Open a checkpoint; return the episode ids it exported (episodes stay parked)."""
         ...
 
+    async def resume(self) -> None:
+        """Release the open checkpoint's parked episodes (none are lost)."""
+        ...
+
     async def crash(self) -> None:
         """SIGKILL the server (no cleanup runs)."""
         ...
@@ -303,6 +307,12 @@ class SimEnvTarget:
         async with EnvironmentClient(self.url, timeout_seconds=30.0) as client:
             manifest = await client.open_checkpoint()
         return sorted(manifest.episodes)
+
+    async def resume(self) -> None:
+        from rollout_runtime.environment import EnvironmentClient
+
+        async with EnvironmentClient(self.url, timeout_seconds=30.0) as client:
+            await client.resume_checkpoint()
 
     async def crash(self) -> None:
         if self.process is not None:
@@ -520,7 +530,7 @@ class FaultInjector:
             await self._hold_then(record, self._clear(name, wrong_model=None))
         elif kind is FaultKind.ENV_CRASH:
             environment = self.environments[name]
-            record.detail["checkpointed_episodes"] = await environment.checkpoint()
+            record.detail["checkpointed_episodes"] = await self._checkpoint_mid_episode(environment)
             await environment.crash()
             await environment.restart()
         elif kind is FaultKind.ALL_SHARDS_DOWN:
@@ -530,6 +540,20 @@ class FaultInjector:
             await self._hold_then(record, self._restart_all(names))
         else:  # pragma: no cover - the enum is closed
             raise AssertionError(kind)
+
+    async def _checkpoint_mid_episode(self, environment: EnvironmentTarget) -> list[str]:
+        """Checkpoint once an episode is in flight, so the crash tests resuming and not an idle server.
+
+        A checkpoint that caught nothing (every episode between steps or not yet begun, say while the shards are
+        down) is released, and tried again each time the run makes progress, until the run ends.
+        """
+        while True:
+            episodes = await environment.checkpoint()
+            if episodes or self._progress >= 1.0:
+                return episodes
+            await environment.resume()
+            self._progressed.clear()
+            await self._progressed.wait()
 
     async def _hold(self, fault: Fault) -> None:
         """Wait out the fault: ``hold_seconds``, or until the run's progress reaches ``until_progress``."""
