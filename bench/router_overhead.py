@@ -9,8 +9,13 @@ reverse order, so that drift of the machine cancels instead of favouring one fro
 over the rounds: p50/p99 latency, requests per second, and for the two Python fronts their process's CPU time per
 request (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a share of
 nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp floor's.
-Last, the two clients a proxy can send with, in this process over the same shards: aiohttp's and the router's own
-(router/client.py), CPU per request each.
+Then the paired rounds: the same C workers send to nginx and to the router in turn, request by request, so both
+fronts are measured in the same waves of the same shards at the same moments (C/2 requests in flight through each,
+C at the shards, as in the rounds above); the router's added p50 over nginx per paired round and their median. The
+separate rounds answer the target's question as asked (C concurrent through one front); with shards that take a
+fixed time the closed loop moves in waves whose shape differs from round to round, and the paired rounds take that
+variance out of the comparison. Last, the two clients a proxy can send with, in this process over the same shards:
+aiohttp's and the router's own (router/client.py), CPU per request each.
 
     python bench/router_overhead.py              # 4 shards, 64 concurrent, 6 rounds of 6400 requests per front
     python bench/router_overhead.py --latency 0.2 --requests 1600   # shards that take 0.2 s per generation
@@ -116,6 +121,38 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
     )
 
 
+async def drive_paired(
+    fronts: Sequence[tuple[str, str]], requests: int, concurrency: int
+) -> dict[str, tuple[float, float]]:
+    """``requests`` completions, ``concurrency`` at a time, each worker sending to the ``fronts`` (name, URL) in
+    turn and each starting at a different one; each front's (p50 ms, p99 ms) over its requests."""
+    latencies: dict[str, list[float]] = {name: [] for name, _ in fronts}
+    errors = 0
+    counter = iter(range(concurrency * len(fronts)))  # the warm-up: every worker's connection to every front
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency * len(fronts))) as http:
+
+        async def worker(offset: int) -> None:
+            nonlocal errors
+            turn = itertools.cycle(fronts[offset % len(fronts) :] + fronts[: offset % len(fronts)])
+            for index in counter:
+                name, url = next(turn)
+                body = {"prompt": f"What is {index} + 1?", "max_tokens": 4}
+                started = time.perf_counter()
+                async with http.post(url + "/v1/completions", json=body) as response:
+                    await response.read()
+                    errors += response.status != 200
+                latencies[name].append(time.perf_counter() - started)
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        for values in latencies.values():
+            values.clear()
+        counter = iter(range(requests))
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    if errors:
+        raise RuntimeError(f"{errors} paired request(s) failed: the comparison would not be like for like")
+    return {name: (_percentile(v, 0.5) * 1000, _percentile(v, 0.99) * 1000) for name, v in latencies.items()}
+
+
 async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrency: int) -> float:
     """CPU microseconds per request of this process sending ``requests`` completions through ``client``."""
     body = b'{"prompt": "What is 1 + 1?", "max_tokens": 4}'
@@ -177,6 +214,10 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
             # the machine between the two fronts compared cancels over the rounds instead of adding to one side.
             for name, targets, pid in fronts if index % 2 == 0 else fronts[::-1]:
                 runs[name].append(await drive(name, targets, requests, concurrency, pid=pid))
+        paired = [
+            await drive_paired([("nginx", nginx.url), ("router", router.url)], requests, concurrency)
+            for _ in range(rounds)
+        ]
         clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
     print(f"\n{rounds} interleaved round(s) of {requests} requests per front; medians over the rounds")
     print(f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
@@ -210,6 +251,13 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         f"the aiohttp floor: added p50 {median(floor_added):+.2f} ms, throughput {median(floor_shares):.2f}x "
         f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "
         f"({median(router_cpu) - median(floor_cpu):+.0f} us)"
+    )
+    paired_added = [pair["router"][0] - pair["nginx"][0] for pair in paired]
+    paired_p99 = [pair["router"][1] - pair["nginx"][1] for pair in paired]
+    print(
+        f"paired (nginx and the router in turn, in the same waves, {concurrency // 2} in flight through each): added "
+        f"p50 {median(paired_added):+.2f} ms (rounds {rounds_of(paired_added, '+.2f')}), added p99 "
+        f"{median(paired_p99):+.2f} ms"
     )
     print(
         f"clients to the shards: the router's {clients['router']:.0f} us CPU per request, aiohttp's "
