@@ -140,6 +140,22 @@ def test_a_restored_shard_is_on_trial_until_it_serves() -> None:
     assert t.on_trial("a"), "a probe's restore is a trial too"
 
 
+def test_an_ejected_shard_serving_an_attempt_sent_after_its_ejection_is_restored() -> None:
+    """Panic mode's way back: only panic mode sends attempts to an ejected shard, and one that succeeds is newer
+    evidence than the failure; a success of an attempt sent before the ejection is not."""
+    t = tracker()
+    t.eject("a", now=5, wall=5, healthy=NAMES)
+    assert not t.restore_served("a", started=4, now=6), "an attempt sent before the ejection is stale evidence"
+    assert t.is_ejected("a")
+    assert t.restore_served("a", started=5, now=6)
+    assert not t.is_ejected("a")
+    assert t.on_trial("a"), "restored on trial, which the success then ends"
+    t.served("a", started=5)
+    assert not t.on_trial("a")
+    assert not t.restore_served("a", started=7, now=8), "a shard in rotation has nothing to be restored from"
+    assert not t.restore_served("b", started=7, now=8)
+
+
 def test_a_shard_the_panic_rule_keeps_is_held_for_the_backoff_doubling_until_it_serves() -> None:
     t = tracker(percent=50)
 

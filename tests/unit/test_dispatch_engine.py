@@ -19,6 +19,7 @@ from rollout_runtime.dispatch import (
     DispatchEvent,
     DispatchPolicy,
     FailureLedger,
+    HealthyShardsChanged,
     ShardEjected,
     ShardRestored,
     Skipped,
@@ -777,3 +778,100 @@ async def test_failures_inside_exception_groups_keep_their_meaning() -> None:
         [outcome] = await collect(d.run([0], environment_down))
         assert d.ejected == frozenset()
     assert isinstance(outcome, Completed)
+
+
+@pytest.mark.looptime
+async def test_in_panic_mode_ejected_shards_are_on_trial_and_a_newer_success_brings_one_back() -> None:
+    """Every healthy shard ejected (the only one left in rotation left the healthy set): the dispatcher routes to the
+    ejected ones anyway, but each as on trial. A shard that answers 503 at once would otherwise have the fewest
+    attempts in flight and draw the first attempt of nearly every prompt (least-outstanding's black hole); the shard
+    whose attempt succeeds comes back, which ends panic mode."""
+    attempts: Counter[str] = Counter()
+    blipped = False
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        nonlocal blipped
+        attempts[shard.name] += 1
+        if shard.name == "sink" or (shard.name == "good" and not blipped):
+            blipped = blipped or shard.name == "good"
+            await asyncio.sleep(0.01)
+            raise GenerationUnavailable("503 Service Unavailable")
+        await asyncio.sleep(0.1)
+        return shard.name
+
+    events: list[DispatchEvent] = []
+    panic = asyncio.Event()
+
+    def observe(event: DispatchEvent) -> None:
+        events.append(event)
+        if isinstance(event, HealthyShardsChanged) and event.healthy == ("good", "sink") == event.routable:
+            panic.set()
+
+    policy = REPORTING.model_copy(
+        update={"max_ejection_percent": 100.0, "ejection_base_seconds": 60.0, "max_concurrency": 8}
+    )
+    source = ControlledSource(make_shards("good", "sink", "spare"))
+    async with Dispatcher(source, policy, observer=observe) as d:
+        await within(d.wait_ready(3), "three shards routable")
+        first = await collect(d.run(range(12), rollout))
+        assert d.ejected == {"good", "sink"}, "both 503s ejected their shards"
+        source.publish(make_shards("good", "sink"))  # the one shard in rotation leaves: panic mode
+        await within(panic.wait(), "panic mode: both ejected shards routable")
+        attempts.clear()
+        outcomes = await collect(d.run(range(12, 52), rollout))
+        assert d.ejected == {"sink"}
+    assert [type(o) for o in [*first, *outcomes]] == [Completed] * 52
+    assert {o.shard for o in outcomes if isinstance(o, Completed)} == {"good"}
+    assert attempts["sink"] <= 12, f"the shard answering 503 at once drew {attempts['sink']} attempts of 40 prompts"
+    assert [e.reason for e in events if isinstance(e, ShardRestored) and e.shard == "good"] == ["served"]
+
+
+@pytest.mark.looptime
+async def test_an_attempt_from_before_the_ejection_does_not_lift_the_restored_shards_trial() -> None:
+    """A shard's trial counts the attempts started on trial only. One sent before its ejection (a long generation
+    still running) says nothing about the shard now; counted, it dated the trial from before the ejection, so the
+    trial's room had long grown and the restored shard took a burst at once."""
+    loop = asyncio.get_running_loop()
+    flaky_starts: list[float] = []
+    trial_peaks: list[tuple[float, int]] = []
+    failed_at: list[float] = []
+    on_trial = 0
+
+    async def rollout(shard: Shard, prompt: int) -> str:
+        nonlocal on_trial
+        if shard.name == "flaky":
+            flaky_starts.append(loop.time())
+            if len(flaky_starts) == 2:
+                await asyncio.sleep(0.01)
+                failed_at.append(loop.time())
+                raise GenerationUnavailable("503 Service Unavailable")
+            if len(flaky_starts) == 1:
+                await asyncio.sleep(10)  # sent before the ejection: in flight through it and after it
+                return shard.name
+            if not failed_at:
+                await asyncio.sleep(0.1)
+                return shard.name
+            on_trial += 1
+            trial_peaks.append((loop.time(), on_trial))
+            try:
+                await asyncio.sleep(1.0)
+            finally:
+                on_trial -= 1
+            return shard.name
+        await asyncio.sleep(0.1)
+        return shard.name
+
+    policy = REPORTING.model_copy(
+        update={"max_ejection_percent": 100.0, "ejection_base_seconds": 1.0, "max_concurrency": 16}
+    )
+    async with Dispatcher(StaticShardSource(make_shards("flaky", "steady")), policy) as d:
+        outcomes = await collect(d.run(range(240), rollout))
+    assert [type(o) for o in outcomes] == [Completed] * 240
+    assert value(d, "rollout_ejections_total", shard="flaky") == 1
+    first = trial_peaks[0][0]
+    assert failed_at[0] + 1.0 <= first < flaky_starts[0] + 10, "no trial between the restoration and the old end"
+    # The room doubles each 4 x 0.01 s (the failure that ejected it) from the first trial attempt, so at most 4 in
+    # its first 0.12 s; dated from before the ejection, it had already grown past any limit.
+    early = [n for t, n in trial_peaks if t - first < 0.12]
+    assert early[0] == 1
+    assert max(early) <= 4, f"the restored shard took a burst: {trial_peaks[:8]}"

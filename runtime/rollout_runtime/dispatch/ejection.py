@@ -35,7 +35,11 @@ Panic rule (Envoy's ``max_ejection_percent``, made safe for small fleets): of th
 healthy set, at most ``max(1, floor(n * percent / 100))`` may be ejected at once, and never all of them, so
 with one healthy shard nothing is ejected and with two at most one is. ``percent == 0`` disables ejection.
 If the healthy set later shrinks to ejected shards only, the selector routes to them anyway (Envoy's panic
-mode): probes say they are healthy, and a run with somewhere to go beats a run waiting for nothing.
+mode): probes say they are healthy, and a run with somewhere to go beats a run waiting for nothing. Each is then
+taken as on trial (one attempt at a time, doubling as above), so a shard answering 503 at once cannot draw the
+first attempt of every prompt by always having the fewest in flight; and the first of them to complete an attempt
+started after its ejection is restored (:meth:`EjectionTracker.restore_served`), which ends panic mode. A trial's
+room counts only the attempts started on trial: those from before the ejection prove nothing about the shard now.
 """
 
 from __future__ import annotations
@@ -154,6 +158,16 @@ class EjectionTracker:
         if record is not None and started >= record.failed_at:
             record.trial = False
             record.holds = 0
+
+    def restore_served(self, name: str, *, started: float, now: float) -> bool:
+        """``name``, ejected, completed an attempt that started after its ejection (only panic mode sends attempts to
+        an ejected shard): restore it (on trial, which the success then ends, see :meth:`served`). Return whether it
+        was restored."""
+        record = self._records.get(name)
+        if name not in self._ejected or record is None or started < record.failed_at:
+            return False
+        self._restore(name, now)
+        return True
 
     def hold(
         self, name: str, *, now: float, wall: float, schedule: Callable[[int], float], took: float = math.inf

@@ -114,6 +114,8 @@ class _Attempt:
     evicted: bool = False
     stalled: float | None = None
     """Set to the quiet time allowed when the progress watchdog abandoned the attempt."""
+    trial: bool = False
+    """Started while its shard was on trial: it counts against the trial's room (see ``ejection``)."""
     won_on: _Slot | None = None
     """The hedge's shard, when a hedged second attempt answered first."""
     won_started_version: int | None = None
@@ -127,6 +129,9 @@ class _Slot(ShardLoad):
     """An attempt started on it in this turn of the event loop (see ``Dispatcher._attempt``)."""
     trial_started: float = 0.0
     """Monotonic start of the first of its attempts in flight while on trial (see ``ejection``)."""
+    trial_attempts: int = 0
+    """Its attempts in flight that started on trial. The room counts these only: an attempt from before the ejection
+    says nothing about the shard now, and one running for minutes must not keep the trial from starting."""
 
 
 @dataclass(slots=True, eq=False)
@@ -894,8 +899,14 @@ class Dispatcher:
             log.exception("dispatcher worker failed")
             run.fail(exc)
 
-    def _pick(self, state: _PromptState) -> _Slot | None:
+    def _pick(self, state: _PromptState, *, fallback: bool = False) -> _Slot | None:
+        """The shard for ``state``'s next attempt; None if none can take one now. In panic mode every shard is on
+        trial, and a retry waits for room on another one instead of going back to the shard that just failed it
+        (which answers fastest, so has room first); ``fallback`` lifts that once the healthy wait is over."""
         routable = self._pickable
+        failed = state.last_failed
+        if self._panic and not fallback and failed is not None and len(self._routable) > 1:
+            routable = [slot for slot in routable if slot.name != failed]
         if not routable:
             return None
         self._cursor += 1
@@ -911,7 +922,7 @@ class Dispatcher:
                 while (slot := self._pick(state)) is None:
                     await self._changed.wait()
         except TimeoutError:
-            return self._pick(state)
+            return self._pick(state, fallback=True)
         return slot
 
     async def _attempt(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
@@ -1013,7 +1024,13 @@ class Dispatcher:
             shard = winner.name
             accounts.attempt_ended("success", state.prompt_id, shard, seconds)
             self._evidence.succeeded(shard, state.prompt_id)
+            if self._panic and self._ejections.restore_served(shard, started=started, now=clock()):
+                self._emit(ShardRestored(shard, "served"))  # back in rotation, which ends panic mode
+                self._recompute()
+            was_on_trial = self._ejections.on_trial(shard)
             self._ejections.served(shard, started=started)
+            if was_on_trial and not self._ejections.on_trial(shard):
+                self._refresh_pickable()  # its room no longer applies
             winner.weight = winner.shard.weight * self._shares.served(shard)
             if self._completions is not None:
                 self._completions.attempt_succeeded(shard)
@@ -1435,9 +1452,9 @@ class Dispatcher:
             for slot in self._routable
             if not ejections.is_held(slot.name)
             and not (
-                slot.outstanding
-                and ejections.on_trial(slot.name)
-                and slot.outstanding >= ejections.trial_room(slot.name, since=slot.trial_started, now=now)[0]
+                slot.trial_attempts
+                and self._on_trial(slot.name)
+                and slot.trial_attempts >= ejections.trial_room(slot.name, since=slot.trial_started, now=now)[0]
             )
         ]
         changed, self._changed = self._changed, asyncio.Event()
@@ -1452,9 +1469,11 @@ class Dispatcher:
             slot.fresh = True
             self._fresh.append(slot)
             self._age_soon()
-        if self._ejections.on_trial(slot.name):
+        if self._on_trial(slot.name):
+            record.trial = True
+            slot.trial_attempts += 1
             now = self._now()
-            if slot.outstanding == 1:
+            if slot.trial_attempts == 1:
                 slot.trial_started = now
             self._refresh_pickable()
             _, due = self._ejections.trial_room(slot.name, since=slot.trial_started, now=now)
@@ -1493,12 +1512,19 @@ class Dispatcher:
         if waiters:
             self._age_soon()
 
+    def _on_trial(self, name: str) -> bool:
+        """Restored and not yet served, or ejected and routed to anyway in panic mode (see ``ejection``)."""
+        ejections = self._ejections
+        return ejections.on_trial(name) or (self._panic and ejections.is_ejected(name))
+
     def _release(self, slot: _Slot, record: _Attempt) -> None:
         slot.outstanding -= 1
         slot.attempts.discard(record)
+        if record.trial:
+            slot.trial_attempts -= 1
         if not slot.outstanding:
             slot.fresh = False  # nothing in flight: no answer left unread there to wait for
-        if not slot.outstanding and self._ejections.on_trial(slot.name) and slot.name in self._slots:
+        if record.trial and not slot.trial_attempts and slot.name in self._slots:
             self._refresh_pickable()
 
     def _eject(self, run: DispatchRun[Any, Any], name: str, took: float | None) -> None:

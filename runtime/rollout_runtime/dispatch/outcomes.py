@@ -137,7 +137,8 @@ class ShardEjected:
 @dataclass(frozen=True, slots=True)
 class ShardRestored:
     shard: str
-    reason: Literal["expired", "probe"]
+    reason: Literal["expired", "probe", "served"]
+    """The ejection ran out; a probe passed after it; or (panic mode) an attempt started after it succeeded."""
 
 
 @dataclass(frozen=True, slots=True)
