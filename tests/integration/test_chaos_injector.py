@@ -128,15 +128,8 @@ async def test_env_crash_checkpoints_parked_episodes_and_the_restart_continues_t
     async with SimFleet(0) as fleet, SimEnvTarget("multistep", checkpoint_dir=tmp_path / "ckpt") as env:
         port = env.port
         request = MultiStepRequest(episode_id="crash-me", values=[1, 2, 3, 4, 5, 6], step_delay_seconds=0.3)
-        async with EnvironmentClient(env.url, timeout_seconds=30) as client:
-            episode = asyncio.create_task(client.run_episode(request, MultiStepResponse))
-            # The checkpoint waits for the episode's first step to record, then parks it: nothing to poll for.
-            await _until_in_flight(env.url)
-            injector = FaultInjector(fleet, schedule, environments={"env": env})
-            injector.advance(0.0)
-            await injector.wait()
-            with pytest.raises(GymTransportError):
-                await episode
+        injector = FaultInjector(fleet, schedule, environments={"env": env})
+        await _crash_mid_episode(env, injector, request, progress=0.0)
         (record,) = injector.injected
         assert record.detail["checkpointed_episodes"] == ["crash-me"]
         assert env.port == port
@@ -169,22 +162,31 @@ async def test_env_crash_on_an_idle_server_waits_for_an_episode_instead_of_crash
         injector.advance(0.0)
         released = asyncio.create_task(env.released.wait())
         crashed = asyncio.create_task(injector.until_applied(1))
-        await asyncio.wait({released, crashed}, return_when=asyncio.FIRST_COMPLETED)
-        crashed.cancel()
+        _, pending = await asyncio.wait({released, crashed}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
         assert released.done(), "the injector crashed an environment with no episode in flight"
         assert env.restarts == 0
         request = MultiStepRequest(episode_id="late", values=[1, 2, 3, 4, 5, 6], step_delay_seconds=0.3)
-        async with EnvironmentClient(env.url, timeout_seconds=30) as client:
-            episode = asyncio.create_task(client.run_episode(request, MultiStepResponse))
-            await _until_in_flight(env.url)
-            injector.advance(0.5)
-            await injector.wait()
-            with pytest.raises(GymTransportError):
-                await episode
+        await _crash_mid_episode(env, injector, request, progress=0.5)
         (record,) = injector.injected
         assert record.detail["checkpointed_episodes"] == ["late"]
         assert env.restarts == 1
         assert not injector.errors
+
+
+async def _crash_mid_episode(
+    env: SimEnvTarget, injector: FaultInjector, request: MultiStepRequest, *, progress: float
+) -> None:
+    """Run ``request`` on ``env``, and once it is in flight advance ``injector`` to ``progress``: its crash ends the
+    episode with a transport error. (The checkpoint waits for the episode's step to record, then parks it.)"""
+    async with EnvironmentClient(env.url, timeout_seconds=30) as client:
+        episode = asyncio.create_task(client.run_episode(request, MultiStepResponse))
+        await _until_in_flight(env.url)
+        injector.advance(progress)
+        await injector.wait()
+        with pytest.raises(GymTransportError):
+            await episode
 
 
 async def _until_in_flight(url: str) -> None:

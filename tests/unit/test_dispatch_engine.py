@@ -841,14 +841,14 @@ async def test_an_attempt_from_before_the_ejection_does_not_lift_the_restored_sh
         nonlocal on_trial
         if shard.name == "flaky":
             flaky_starts.append(loop.time())
+            if len(flaky_starts) == 1:
+                await asyncio.sleep(10)  # sent before the ejection: in flight through it and after it
+                return shard.name
             if len(flaky_starts) == 2:
                 await asyncio.sleep(0.01)
                 failed_at.append(loop.time())
                 raise GenerationUnavailable("503 Service Unavailable")
-            if len(flaky_starts) == 1:
-                await asyncio.sleep(10)  # sent before the ejection: in flight through it and after it
-                return shard.name
-            if not failed_at:
+            if not failed_at:  # sent in the same turns as the failing one, before it came back
                 await asyncio.sleep(0.1)
                 return shard.name
             on_trial += 1
