@@ -5,17 +5,15 @@ finished), and the detection time is printed against the bound for the record.""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from rollout_runtime.sim import SimFleet
 from support.controlplane import ControlPlane
-from support.httpserver import serve
+from support.httpserver import blackhole
 from support.operator import (
     API,
     OperatorProcess,
@@ -45,44 +43,31 @@ async def test_a_blackholed_shard_does_not_delay_a_killed_shards_exit_from_the_f
     fleet_crds: ControlPlane, fleet_namespace: str, tmp_path: Path, operator_processes: list[OperatorProcess]
 ) -> None:
     ns = fleet_namespace
-    released = asyncio.Event()
-    hits: list[str] = []
+    async with (
+        blackhole() as (hole_url, hits),
+        SimFleet(2, log_dir=tmp_path / "sim") as fleet,
+        api_client(fleet_crds.kubeconfig) as api,
+    ):
+        fleet_crds.apply(blackhole_shard(hole_url), namespace=ns)
+        fleet_crds.apply(*fleet_objects(fleet.shards, PROBE), namespace=ns)
+        operator = OperatorProcess(fleet_crds, ns, tmp_path, identity="op-a")
+        operator_processes.append(operator)
+        operator.start()
+        await operator.wait_role("leader")
+        await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == set(fleet.names))
+        assert hits == ["/health"], "the blackhole's probe is pending"
 
-    async def swallow(request: web.Request) -> web.StreamResponse:
-        hits.append(request.path)
-        await released.wait()
-        return web.Response(status=503)
+        killed_at = time.monotonic()
+        await fleet.kill("shard-1")
+        left = await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: "shard-1" not in published_names(o))
+        took = time.monotonic() - killed_at
+        bound = PROBE["failureThreshold"] * PROBE["periodSeconds"] + PROBE["timeoutSeconds"]
+        print(f"\nshard-1 left the fleet {took:.2f} s after SIGKILL (probe bound {bound:g} s + a status write)")
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", swallow)
-    try:
-        async with (
-            serve(app) as hole_url,
-            SimFleet(2, log_dir=tmp_path / "sim") as fleet,
-            api_client(fleet_crds.kubeconfig) as api,
-        ):
-            fleet_crds.apply(blackhole_shard(hole_url), namespace=ns)
-            fleet_crds.apply(*fleet_objects(fleet.shards, PROBE), namespace=ns)
-            operator = OperatorProcess(fleet_crds, ns, tmp_path, identity="op-a")
-            operator_processes.append(operator)
-            operator.start()
-            await operator.wait_role("leader")
-            await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: published_names(o) == set(fleet.names))
-            assert hits == ["/health"], "the blackhole's probe is pending"
-
-            killed_at = time.monotonic()
-            await fleet.kill("shard-1")
-            left = await wait_for_object(api, "rolloutfleets", ns, "a", lambda o: "shard-1" not in published_names(o))
-            took = time.monotonic() - killed_at
-            bound = PROBE["failureThreshold"] * PROBE["periodSeconds"] + PROBE["timeoutSeconds"]
-            print(f"\nshard-1 left the fleet {took:.2f} s after SIGKILL (probe bound {bound:g} s + a status write)")
-
-            assert published_names(left) == {"shard-0"}
-            assert hits == ["/health"], "still the first probe: the killed shard's detection did not wait for it"
-            hole = status_of(fleet_crds.kubectl_json("get", "generationshard", "blackhole", "-n", ns))
-            assert hole.get("phase", "Pending") == "Pending"
-            dead = status_of(fleet_crds.kubectl_json("get", "generationshard", "shard-1", "-n", ns))
-            assert dead["phase"] == "Unhealthy"
-            assert dead["lastError"].startswith("connect:")
-    finally:
-        released.set()
+        assert published_names(left) == {"shard-0"}
+        assert hits == ["/health"], "still the first probe: the killed shard's detection did not wait for it"
+        hole = status_of(fleet_crds.kubectl_json("get", "generationshard", "blackhole", "-n", ns))
+        assert hole.get("phase", "Pending") == "Pending"
+        dead = status_of(fleet_crds.kubectl_json("get", "generationshard", "shard-1", "-n", ns))
+        assert dead["phase"] == "Unhealthy"
+        assert dead["lastError"].startswith("connect:")

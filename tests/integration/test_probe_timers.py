@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
@@ -26,7 +25,7 @@ from rollout_runtime.health import (
     Transition,
 )
 from rollout_runtime.shards import LocalShardSource, Shard
-from support.httpserver import serve
+from support.httpserver import blackhole, serve
 
 GUARD_SECONDS = 60  # a hang guard, not a timing assertion
 MODEL = "m"
@@ -77,26 +76,6 @@ def models_app(models_lock: asyncio.Lock | None = None, hold_seconds: float = 0.
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/generate", generate)
     return app
-
-
-@contextlib.asynccontextmanager
-async def blackhole() -> AsyncIterator[tuple[str, list[str]]]:
-    """A target that accepts every probe and never answers; yields (base URL, paths it was asked for)."""
-    released = asyncio.Event()
-    hits: list[str] = []
-
-    async def swallow(request: web.Request) -> web.StreamResponse:
-        hits.append(request.path)
-        await released.wait()
-        return web.Response(status=503)
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", swallow)
-    try:
-        async with serve(app) as url:
-            yield url, hits
-    finally:
-        released.set()
 
 
 async def test_a_blackholed_target_does_not_delay_a_killed_targets_detection() -> None:

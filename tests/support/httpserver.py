@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
@@ -31,3 +32,24 @@ def refused_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def blackhole() -> AsyncIterator[tuple[str, list[str]]]:
+    """A target that accepts every request and never answers (until the context ends); yields (base URL, paths it
+    was asked for)."""
+    released = asyncio.Event()
+    hits: list[str] = []
+
+    async def swallow(request: web.Request) -> web.StreamResponse:
+        hits.append(request.path)
+        await released.wait()
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", swallow)
+    try:
+        async with serve(app) as url:
+            yield url, hits
+    finally:
+        released.set()
