@@ -6,16 +6,16 @@ the shards round-robin itself), nginx (bench/_peers.py's config), the least an a
 probing). The same client sends the same prompts through each at C concurrent requests, each prompt once, in
 interleaved rounds (6 by default; nginx and the router run back to back, and every other round runs the fronts in
 reverse order, so that drift of the machine cancels instead of favouring one front). Reported per front, as medians
-over the rounds: p50/p99 latency, requests per second, and for the two Python fronts their process's CPU time per
-request (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a share of
-nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp floor's.
-Then the paired rounds: the same C workers send to nginx and to the router in turn, request by request, so both
-fronts are measured in the same waves of the same shards at the same moments (C/2 requests in flight through each,
-C at the shards, as in the rounds above); the router's added p50 over nginx per paired round and their median. The
-separate rounds answer the target's question as asked (C concurrent through one front); with shards that take a
-fixed time the closed loop moves in waves whose shape differs from round to round, and the paired rounds take that
-variance out of the comparison. Last, the two clients a proxy can send with, in this process over the same shards:
-aiohttp's and the router's own (router/client.py), CPU per request each.
+over the rounds: p50/p99 latency, requests per second, the CPU time per request of the two Python fronts' processes
+and of the sim shards' (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a
+share of nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp
+floor's. Last, the two clients a proxy can send with, in this process over the same shards: aiohttp's and the
+router's own (router/client.py), CPU per request each.
+
+The client is bench/loadgen (Go; ``--client python`` for this script's aiohttp client instead). A Python client
+costs about as much CPU per request as the Python fronts it measures, on the same two cores, and its own queue of
+answers to read joins every front's latency: with it, rounds of the same front moved by more than the 1 ms the
+target asks about, and a faster front's throughput was the client's ceiling rather than its own.
 
     python bench/router_overhead.py              # 4 shards, 64 concurrent, 6 rounds of 6400 requests per front
     python bench/router_overhead.py --latency 0.2 --requests 1600   # shards that take 0.2 s per generation
@@ -25,7 +25,7 @@ With no injected latency the shards answer as fast as they can and the closed lo
 every front's latency is queueing (p50 ~ concurrency / throughput) and the run measures the router's throughput
 ceiling; ``--latency`` measures what it adds to a request when nothing saturates.
 
-Needs nginx: ``bash scripts/install-tools.sh nginx``.
+Needs nginx and the load generator: ``bash scripts/install-tools.sh nginx loadgen``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import resource
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +45,7 @@ from statistics import median
 import aiohttp
 
 from _aiohttp_floor import READY as FLOOR_READY
+from _loadgen import loadgen
 from _peers import Nginx, ProxySettings
 from _proc import cpu_seconds
 from rollout_runtime.router.client import ShardClient
@@ -60,8 +62,12 @@ class Result:
     p99_ms: float
     rps: float
     errors: int
-    cpu_us: float | None = None
-    """The front's process CPU time (user + system) per request, in microseconds; None when not measured."""
+    cpu_us: float | None
+    """The front's process CPU time (user + system) per request, in microseconds; None for nginx and direct."""
+    shards_cpu_us: float
+    """The sim shards' CPU time per request, all of them together, in microseconds."""
+    client_cpu_us: float
+    """The client's CPU time per request, in microseconds."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -86,9 +92,44 @@ async def aiohttp_floor(urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
         await process.wait()
 
 
-async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int, *, pid: int | None = None) -> Result:
-    """``requests`` completions, ``concurrency`` at a time, spread round-robin over ``urls``; ``pid``: the front's
-    process, whose CPU time per request is reported."""
+async def drive(
+    front: str,
+    urls: Sequence[str],
+    requests: int,
+    concurrency: int,
+    *,
+    client: str,
+    front_pid: int | None = None,
+    shard_pids: Sequence[int] = (),
+) -> Result:
+    """``requests`` completions, ``concurrency`` at a time, spread round-robin over ``urls``, sent by ``client``
+    ("go" or "python"); the CPU time per request of ``front_pid`` (the front's process), of ``shard_pids`` together
+    and of the client is reported."""
+    pids = [*([front_pid] if front_pid is not None else []), *shard_pids]
+    cpu = [cpu_seconds(pid) for pid in pids]
+    client_started = _client_cpu(client)
+    if client == "go":
+        measured = await loadgen(urls, requests, concurrency)
+        p50, p99, rps, errors = measured.p50_ms, measured.p99_ms, measured.rps, measured.errors
+    else:
+        p50, p99, rps, errors = await drive_python(urls, requests, concurrency)
+    client_us = (_client_cpu(client) - client_started) / (requests + concurrency) * 1e6  # with the warm-up's
+    spent = [(cpu_seconds(pid) - before) / requests * 1e6 for pid, before in zip(pids, cpu, strict=True)]
+    front_us = spent.pop(0) if front_pid is not None else None
+    return Result(front, p50, p99, rps, errors, front_us, sum(spent), client_us)
+
+
+def _client_cpu(client: str) -> float:
+    """CPU seconds the client has used so far: bench/loadgen's are a reaped child's (the only child reaped before
+    the run ends), aiohttp's this process's own."""
+    if client == "go":
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+    return time.process_time()
+
+
+async def drive_python(urls: Sequence[str], requests: int, concurrency: int) -> tuple[float, float, float, int]:
+    """The same closed loop as bench/loadgen, in this process with aiohttp's client: (p50 ms, p99 ms, rps, errors)."""
     latencies: list[float] = []
     errors = 0
     targets = itertools.cycle(urls)
@@ -111,46 +152,10 @@ async def drive(front: str, urls: Sequence[str], requests: int, concurrency: int
         latencies.clear()
         errors = 0
         counter = iter(range(requests))
-        cpu = cpu_seconds(pid) if pid is not None else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
-        cpu_us = (cpu_seconds(pid) - cpu) / requests * 1e6 if pid is not None else None
-    return Result(
-        front, _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors, cpu_us
-    )
-
-
-async def drive_paired(
-    fronts: Sequence[tuple[str, str]], requests: int, concurrency: int
-) -> dict[str, tuple[float, float]]:
-    """``requests`` completions, ``concurrency`` at a time, each worker sending to the ``fronts`` (name, URL) in
-    turn and each starting at a different one; each front's (p50 ms, p99 ms) over its requests."""
-    latencies: dict[str, list[float]] = {name: [] for name, _ in fronts}
-    errors = 0
-    counter = iter(range(concurrency * len(fronts)))  # the warm-up: every worker's connection to every front
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency * len(fronts))) as http:
-
-        async def worker(offset: int) -> None:
-            nonlocal errors
-            turn = itertools.cycle(fronts[offset % len(fronts) :] + fronts[: offset % len(fronts)])
-            for index in counter:
-                name, url = next(turn)
-                body = {"prompt": f"What is {index} + 1?", "max_tokens": 4}
-                started = time.perf_counter()
-                async with http.post(url + "/v1/completions", json=body) as response:
-                    await response.read()
-                    errors += response.status != 200
-                latencies[name].append(time.perf_counter() - started)
-
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        for values in latencies.values():
-            values.clear()
-        counter = iter(range(requests))
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    if errors:
-        raise RuntimeError(f"{errors} paired request(s) failed: the comparison would not be like for like")
-    return {name: (_percentile(v, 0.5) * 1000, _percentile(v, 0.99) * 1000) for name, v in latencies.items()}
+    return _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors
 
 
 async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrency: int) -> float:
@@ -183,12 +188,15 @@ async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrenc
     return spent / (requests // concurrency * concurrency) * 1e6
 
 
-async def main_async(shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 6) -> None:
+async def main_async(
+    shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 6, client: str = "go"
+) -> None:
     extra = ("--slow", str(latency)) if latency else ()
     settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
     async with AsyncExitStack() as stack:
         fleet = await stack.enter_async_context(SimFleet(shards, extra_args=extra))
         urls = [shard.endpoint for shard in fleet.shards]
+        shard_pids = [pid for name in fleet.names if (pid := fleet.pid(name)) is not None]
         ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
         nginx = await stack.enter_async_context(Nginx(ports, settings))
         floor_url, floor_pid = await stack.enter_async_context(aiohttp_floor(urls))
@@ -213,14 +221,15 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
             # Interleaved, nginx and the router back to back and every other round in reverse (ABBA): the drift of
             # the machine between the two fronts compared cancels over the rounds instead of adding to one side.
             for name, targets, pid in fronts if index % 2 == 0 else fronts[::-1]:
-                runs[name].append(await drive(name, targets, requests, concurrency, pid=pid))
-        paired = [
-            await drive_paired([("nginx", nginx.url), ("router", router.url)], requests, concurrency)
-            for _ in range(rounds)
-        ]
+                result = await drive(
+                    name, targets, requests, concurrency, client=client, front_pid=pid, shard_pids=shard_pids
+                )
+                runs[name].append(result)
         clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
-    print(f"\n{rounds} interleaved round(s) of {requests} requests per front; medians over the rounds")
-    print(f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7} {'CPU us/req':>11}")
+    sender = "bench/loadgen (Go)" if client == "go" else "aiohttp in this process"
+    print(f"\n{rounds} interleaved round(s) of {requests} requests per front, sent by {sender}; medians of the rounds")
+    header = f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7}"
+    print(f"{header} {'CPU us/req':>11} {'shards us/req':>14} {'client us/req':>14}")
 
     def cpu_of(front: str) -> list[float]:
         return [r.cpu_us for r in runs[front] if r.cpu_us is not None]
@@ -229,7 +238,8 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         cpu = f"{median(cpu_of(name)):11.0f}" if cpu_of(name) else f"{'-':>11}"
         p50, p99 = median([r.p50_ms for r in results]), median([r.p99_ms for r in results])
         rps, errors = median([r.rps for r in results]), sum(r.errors for r in results)
-        print(f"{name:16} {p50:8.2f} {p99:8.2f} {rps:8.0f} {errors:7d} {cpu}")
+        shards_cpu, client_us = median([r.shards_cpu_us for r in results]), median([r.client_cpu_us for r in results])
+        print(f"{name:16} {p50:8.2f} {p99:8.2f} {rps:8.0f} {errors:7d} {cpu} {shards_cpu:14.0f} {client_us:14.0f}")
 
     def ratios(front: str) -> tuple[list[float], list[float]]:
         """Per round: the front's added p50 over nginx's (ms) and its throughput as a share of nginx's."""
@@ -252,13 +262,6 @@ async def main_async(shards: int, requests: int, concurrency: int, latency: floa
         f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "
         f"({median(router_cpu) - median(floor_cpu):+.0f} us)"
     )
-    paired_added = [pair["router"][0] - pair["nginx"][0] for pair in paired]
-    paired_p99 = [pair["router"][1] - pair["nginx"][1] for pair in paired]
-    print(
-        f"paired (nginx and the router in turn, in the same waves, {concurrency // 2} in flight through each): added "
-        f"p50 {median(paired_added):+.2f} ms (rounds {rounds_of(paired_added, '+.2f')}), added p99 "
-        f"{median(paired_p99):+.2f} ms"
-    )
     print(
         f"clients to the shards: the router's {clients['router']:.0f} us CPU per request, aiohttp's "
         f"{clients['aiohttp']:.0f} us ({clients['router'] / clients['aiohttp']:.2f}x)"
@@ -273,11 +276,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds each shard takes per generation")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds of every front (medians reported)")
+    parser.add_argument(
+        "--client", choices=("go", "python"), default="go", help="bench/loadgen, or aiohttp in this process"
+    )
     options = parser.parse_args()
     if options.smoke:
-        asyncio.run(main_async(2, 100, 16, rounds=2))
+        asyncio.run(main_async(2, 100, 16, rounds=2, client=options.client))
     else:
-        asyncio.run(main_async(options.shards, options.requests, options.concurrency, options.latency, options.rounds))
+        asyncio.run(
+            main_async(
+                options.shards, options.requests, options.concurrency, options.latency, options.rounds, options.client
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 # Install the external tools the test suite runs for real: kube-apiserver and etcd (built from Go modules, since
 # there is no Docker and no release download here), helm (go install), prometheus + promtool (Debian package,
 # unpacked, no service), a check for kubectl (preinstalled), the benchmark peers haproxy and nginx (Debian
-# packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver) and llama.cpp's
-# OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv).
+# packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver), llama.cpp's
+# OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv) and the
+# router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout).
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
 # directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
@@ -14,7 +15,7 @@
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
 #   TOOL   any of kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server
-#          (default: all)
+#          loadgen (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +29,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server)
+[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -273,6 +274,22 @@ install_llama_server() {
   say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: built in $((SECONDS - t0)) s"
 }
 
+# --- the router benchmark's load generator (bench/loadgen) -----------------------------------------------------
+# Built from the checkout's own source, so its directory is named by the source's hash, not a pin: an edit builds
+# anew. bench/_loadgen.py finds it by the same hash (sha256 of go.mod then main.go, first 12 hex digits).
+build_loadgen() {
+  local src="$ROOT/bench/loadgen" key
+  key="$(cat "$src/go.mod" "$src/main.go" | sha256sum | cut -c1-12)"
+  local dir="$TOOLS/loadgen-$key"
+  installed "$dir" && { say "loadgen $key: cached"; return; }
+  local t0=$SECONDS
+  need go "install Go 1.21 or newer: bench/loadgen is built from source"
+  rm -rf "$dir"; mkdir -p "$dir/bin"
+  (cd "$src" && run "$dir/build.log" go build -trimpath -ldflags "-s -w" -o "$dir/bin/loadgen" .)
+  touch "$dir/.complete"
+  say "loadgen $key: built in $((SECONDS - t0)) s"
+}
+
 # --- kubectl (preinstalled) -----------------------------------------------------------------------------------
 check_kubectl() {
   local kubectl="${KUBECTL:-$(command -v kubectl || true)}"
@@ -298,7 +315,8 @@ for tool in "${WANT[@]}"; do
     llama-server) locked llama-server install_llama_server ;;
     haproxy) locked haproxy install_deb_daemon haproxy "$HAPROXY_DEB_VERSION" "$HAPROXY_DEB_LIBS" ;;
     nginx) locked nginx install_deb_daemon nginx "$NGINX_DEB_VERSION" "" ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server)" ;;
+    loadgen) locked loadgen build_loadgen ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"

@@ -1,0 +1,3 @@
+module rollout-fleet/bench/loadgen
+
+go 1.21
