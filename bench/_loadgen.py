@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from _peers import installed_tool
 
 __all__ = ["INSTALL", "LoadgenMissing", "LoadgenResult", "loadgen", "loadgen_binary"]
 
@@ -32,10 +33,8 @@ class LoadgenResult:
 def loadgen_binary() -> Path:
     """The binary scripts/install-tools.sh built from this source (its directory is named by the source's hash)."""
     key = hashlib.sha256((SOURCE / "go.mod").read_bytes() + (SOURCE / "main.go").read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet"))
-    tool_dir = cache / "tools" / f"loadgen-{key}"
-    binary = tool_dir / "bin" / "loadgen"
-    if not (tool_dir / ".complete").is_file() or not os.access(binary, os.X_OK):
+    binary = installed_tool(f"loadgen-{key}", "loadgen")
+    if not isinstance(binary, Path):
         raise LoadgenMissing(f"bench/loadgen is not built at {binary}: run `{INSTALL}`")
     return binary
 

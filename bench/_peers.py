@@ -60,11 +60,20 @@ def _pins() -> dict[str, str]:
 def peer_binary(name: str) -> Path:
     """The installed haproxy or nginx (the pinned Debian version), or PeerMissing saying how to install it."""
     key = {"haproxy": "HAPROXY_DEB_VERSION", "nginx": "NGINX_DEB_VERSION"}[name]
+    binary = installed_tool(f"{name}-{_pins()[key]}", name)
+    if not isinstance(binary, Path):
+        raise PeerMissing(f"{name} is not installed at {binary}: run `{INSTALL}`")
+    return binary
+
+
+def installed_tool(directory: str, name: str) -> Path | str:
+    """``bin/<name>`` of the tool directory ``directory`` that scripts/install-tools.sh finished (its ``.complete``
+    stamp) in the tool cache; the path it would have, as a string, when it is not there."""
     cache = Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet"))
-    tool_dir = cache / "tools" / f"{name}-{_pins()[key]}"
+    tool_dir = cache / "tools" / directory
     binary = tool_dir / "bin" / name
     if not (tool_dir / ".complete").is_file() or not os.access(binary, os.X_OK):
-        raise PeerMissing(f"{name} is not installed at {binary}: run `{INSTALL}`")
+        return str(binary)
     return binary
 
 
