@@ -118,6 +118,25 @@ async def test_no_healthy_shard_is_409_with_a_reason(tmp_path: Path, http: aioht
     assert ready_status == 503
 
 
+async def test_the_router_runs_on_uvloop_unless_asked_for_asyncios_loop(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    body = {"prompt": "What is 2 + 2?", "max_tokens": 4}
+    answers = {}
+    async with SimFleet(1, log_dir=tmp_path) as fleet:
+        shard = fleet.shards[0]
+        for choice in ("default", "asyncio"):
+            extra = () if choice == "default" else ("--event-loop", "asyncio")
+            async with await _router(tmp_path, [(shard.name, shard.endpoint)], *extra) as router:
+                await _ready(http, router, 1)
+                async with http.post(router.url + "/v1/completions", json=body) as response:
+                    text = (await response.json())["choices"][0]["text"]
+                    answers[choice] = (router.event_loop, response.status, text)
+
+    assert answers["default"] == ("uvloop", 200, "4")
+    assert answers["asyncio"] == ("asyncio.unix_events", 200, "4")
+
+
 async def test_a_session_stays_on_one_shard_and_moves_when_it_dies(tmp_path: Path, http: aiohttp.ClientSession) -> None:
     async with SimFleet(3, log_dir=tmp_path) as fleet:
         shards = [(s.name, s.endpoint) for s in fleet.shards]

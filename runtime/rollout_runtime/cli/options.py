@@ -7,6 +7,7 @@ the same flags; one definition here keeps the flags, defaults and help the same 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -17,6 +18,8 @@ from rollout_runtime.cli import command_summary
 from rollout_runtime.cli.errors import describe_validation_error, one_line_usage
 
 __all__ = [
+    "DEFAULT_EVENT_LOOP",
+    "EVENT_LOOPS",
     "EXIT_WITH_PARENT",
     "HOST",
     "LOG_LEVELS",
@@ -25,6 +28,7 @@ __all__ = [
     "command_help",
     "config_from_options",
     "log_level",
+    "loop_factory",
     "serve_until_stopped",
 ]
 
@@ -37,6 +41,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 PORT = click.option("--port", type=PORT_NUMBER, default=0, show_default=True, help="0: the kernel picks a free port.")
+EVENT_LOOPS = ("uvloop", "asyncio")
+DEFAULT_EVENT_LOOP = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+"""uvloop where it is installed (a dependency everywhere but Windows, which it does not support)."""
+
 EXIT_WITH_PARENT = click.option(
     "--exit-with-parent", is_flag=True, help="Exit when the parent process goes away (for spawners)."
 )
@@ -51,6 +59,17 @@ def log_level(default: str) -> Callable[[F], F]:
         show_default=True,
         help="Python logging level.",
     )
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The ``asyncio.Runner`` loop factory for an ``--event-loop`` choice (None: asyncio's own)."""
+    if name == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        raise click.UsageError("--event-loop uvloop: uvloop is not installed; use --event-loop asyncio") from None
+    return uvloop.new_event_loop
 
 
 def config_from_options(model: type[M], /, renamed: dict[str, str] | None = None, **values: Any) -> M:

@@ -2,7 +2,8 @@
 
 Two shard sources: ``--shard URL`` (repeatable; the router probes them itself, no Kubernetes) or ``--fleet NAME
 --namespace NS`` (follow a RolloutFleet's status, as the operator publishes it). On startup it prints one
-machine-readable line, ``ROUTER_READY {"host": ..., "port": ..., "pid": ...}``, so a parent can pass ``--port 0``.
+machine-readable line, ``ROUTER_READY {"host": ..., "port": ..., "pid": ..., "event_loop": ...}``, so a parent can pass
+``--port 0`` (``event_loop``: the loop's module, ``uvloop`` or ``asyncio.unix_events``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import click
 from pydantic import ValidationError
 
 from rollout_runtime.cli.options import (
+    DEFAULT_EVENT_LOOP,
+    EVENT_LOOPS,
     EXIT_WITH_PARENT,
     HOST,
     PORT_NUMBER,
     command_help,
     config_from_options,
     log_level,
+    loop_factory,
 )
 from rollout_runtime.health.hysteresis import ProbeSettings
 from rollout_runtime.router import READY_PREFIX, Router, RouterConfig, serve_router
@@ -79,6 +83,13 @@ def shards_from_urls(urls: tuple[str, ...]) -> list[Shard]:
     default=None,
     help="Seconds between probes of each --shard (default: the probes' own); each probe times out at 0.8 of it.",
 )
+@click.option(
+    "--event-loop",
+    type=click.Choice(EVENT_LOOPS),
+    default=DEFAULT_EVENT_LOOP,
+    show_default=True,
+    help="uvloop (libuv) spends less CPU per relayed request than asyncio's own loop.",
+)
 @EXIT_WITH_PARENT
 @log_level("INFO")
 def router(
@@ -93,6 +104,7 @@ def router(
     read_timeout_seconds: float,
     max_attempts: int,
     probe_period: float | None,
+    event_loop: str,
     exit_with_parent: bool,
     log_level: str,
 ) -> None:
@@ -120,7 +132,8 @@ def router(
         source = LocalShardSource(shards_from_urls(shard_urls), settings)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(source, config, host, port, exit_with_parent=exit_with_parent))
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            runner.run(_serve(source, config, host, port, exit_with_parent=exit_with_parent))
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
 
@@ -132,7 +145,8 @@ async def _serve(source: ShardSource, config: RouterConfig, host: str, port: int
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with Router(source, config) as routing, serve_router(routing, host=host, port=port) as server:
-        sys.stdout.write(READY_PREFIX + json.dumps({"host": host, "port": server.port, "pid": os.getpid()}) + "\n")
+        ready = {"host": host, "port": server.port, "pid": os.getpid(), "event_loop": type(loop).__module__}
+        sys.stdout.write(READY_PREFIX + json.dumps(ready) + "\n")
         sys.stdout.flush()
         while not stop.is_set():
             try:

@@ -25,7 +25,7 @@ import functools
 import ssl
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final
+from typing import Final, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -117,8 +117,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's does not subclass asyncio.Transport, so no isinstance check.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if not self.in_use:  # bytes nobody asked for (a second reply?): the connection can never be trusted again

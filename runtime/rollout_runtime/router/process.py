@@ -16,6 +16,9 @@ __all__ = ["RouterProcess", "spawn_router"]
 class RouterProcess(ServerProcess):
     """A running router subprocess."""
 
+    event_loop: str = "asyncio"
+    """The module of the event loop it runs on (its ready line says): ``uvloop`` unless ``--event-loop asyncio``."""
+
 
 async def spawn_router(
     args: Sequence[str],
@@ -35,4 +38,6 @@ async def spawn_router(
         log_path=log_path,
         ready_timeout_seconds=ready_timeout_seconds,
     )
-    return RouterProcess(host=host, port=int(ready["port"]), log_path=log, process=process)
+    return RouterProcess(
+        host=host, port=int(ready["port"]), log_path=log, process=process, event_loop=str(ready["event_loop"])
+    )
