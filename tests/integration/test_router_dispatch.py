@@ -10,18 +10,17 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterConfig, RouterServer, serve_router
+from rollout_runtime.router.server import Request, Stream
 from rollout_runtime.shards import LocalShardSource, StaticShardSource
 from rollout_runtime.shards.model import Shard, ShardSource
 from rollout_runtime.sim import SimFleet
@@ -133,24 +132,24 @@ async def _stream_shard(tmp_path: Path, name: str) -> tuple[ManagedProcess, Shar
 async def test_a_stream_whose_opener_fails_after_prepare_ends_with_the_error_event_not_a_second_response(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Regression: a failure after the client's headers went out (inside ``prepare()``) was answered with a JSON
+    """Regression: a failure after the client's headers went out (inside the opener) was answered with a JSON
     502 on the same response, and blamed on the shard. Now the stream ends with the router's error event, is
     counted, and the shard (which did nothing wrong) stays routable."""
     injected: list[str] = []
-    prepare = web.StreamResponse.prepare
+    open_stream = Request.open_stream
 
-    async def prepare_then_fail(self: web.StreamResponse, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        writer = await prepare(self, request)
-        if SHARD_HEADER in self.headers and not injected:  # the router's stream to its client, once
-            injected.append(self.headers[SHARD_HEADER])
-            raise RuntimeError("injected: the opener failed after prepare()")
-        return writer
+    def open_then_fail(self: Request, status: int, headers: Mapping[str, str]) -> Stream:
+        stream = open_stream(self, status, headers)  # the head is out
+        if not injected:  # the router's stream to its client, once
+            injected.append(headers[SHARD_HEADER])
+            raise RuntimeError("injected: the opener failed after the head went out")
+        return stream
 
     events = Events()
     process, shard = await _stream_shard(tmp_path, "stream-a")
     try:
         async with routing(StaticShardSource([shard]), events, 1) as (router, server), aiohttp.ClientSession() as http:
-            monkeypatch.setattr(web.StreamResponse, "prepare", prepare_then_fail)
+            monkeypatch.setattr(Request, "open_stream", open_then_fail)
             body = {**COMPLETION, "stream": True}
             async with http.post(server.url + "/v1/completions", json=body) as response:
                 status, content_type = response.status, response.headers["Content-Type"]

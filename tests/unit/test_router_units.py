@@ -10,7 +10,8 @@ import pytest
 
 from rollout_runtime.cli.router import shards_from_urls
 from rollout_runtime.router import RouterConfig, stream_error_event
-from rollout_runtime.router.app import AccessLogger
+from rollout_runtime.router.app import log_access
+from rollout_runtime.router.server import Request
 
 
 def test_shards_are_named_by_host_and_port_unless_named() -> None:
@@ -54,10 +55,9 @@ def test_the_router_may_eject_every_failing_shard_by_default() -> None:
     assert RouterConfig(max_ejection_percent=50).dispatch_policy().max_ejection_percent == 50
 
 
-def test_the_access_log_costs_nothing_unless_info_is_logged() -> None:
-    logger = logging.getLogger("rollout_runtime.router.access.test")
-    access = AccessLogger(logger, "")
-    logger.setLevel(logging.WARNING)
-    assert not access.enabled  # aiohttp skips the call (and its clock reads) for every request
-    logger.setLevel(logging.INFO)
-    assert access.enabled
+def test_the_access_log_line_has_the_shard_and_never_a_body_or_header(caplog: pytest.LogCaptureFixture) -> None:
+    request = Request("POST", "/v1/completions", {"authorization": "Bearer sk-secret"}, b'{"prompt": "p"}', "10.0.0.1")
+    with caplog.at_level(logging.INFO, logger="rollout_runtime.router.access"):
+        log_access(request, 200, 0.0123, {"X-Rollout-Shard": "shard-a"})
+
+    assert caplog.messages == ["10.0.0.1 POST /v1/completions 200 12.3ms shard=shard-a"]

@@ -31,9 +31,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
-from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rollout_runtime.dispatch import (
     Completed,
@@ -49,8 +47,8 @@ from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
+from rollout_runtime.router.server import Request, Response, Stream, json_response, serve
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
-from rollout_runtime.serving import exposition, serve_app
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
@@ -78,19 +76,17 @@ READY_PREFIX: Final[str] = "ROUTER_READY "
 
 Writer = Callable[[bytes], Awaitable[None]]
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[Response | Stream]]
 
 _ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
 _MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
-_STREAM: Final = web.RequestKey("router_stream", web.StreamResponse)
-"""The client's stream response, once a shard's first byte committed it (a typed key: aiohttp warns on a string)."""
 _SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-def _error(status: int, kind: str, message: str, **extra: Any) -> web.Response:
+def _error(status: int, kind: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
     """An OpenAI-shaped error body: ``{"error": {"message", "type", "code", ...}}``."""
     body = {"error": {"message": message, "type": kind, "code": status, **extra}}
-    return web.json_response(body, status=status)
+    return json_response(body, status, headers)
 
 
 def _shard_headers(shard: Shard, attempts: int | None = None, weights: int | None = None) -> dict[str, str]:
@@ -108,25 +104,18 @@ def stream_error_event(message: str, shard: str) -> bytes:
     return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
 
 
-class AccessLogger(AbstractAccessLogger):
+def log_access(request: Request, status: int, seconds: float, headers: Mapping[str, str]) -> None:
     """One line per request: client, method, path (no query string), status, duration, shard. Never a body or a
     header, so neither a prompt nor a credential reaches the log."""
-
-    @property
-    def enabled(self) -> bool:
-        """Off unless INFO is logged: aiohttp then skips the call and the clock reads it times it with."""
-        return self.logger.isEnabledFor(logging.INFO)
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.info(
-            "%s %s %s %d %.1fms shard=%s",
-            request.remote,
-            request.method,
-            request.path,
-            response.status,
-            time * 1000,
-            response.headers.get(SHARD_HEADER, "-"),
-        )
+    access_log.info(
+        "%s %s %s %d %.1fms shard=%s",
+        request.remote,
+        request.method,
+        request.path,
+        status,
+        seconds * 1000,
+        headers.get(SHARD_HEADER, "-"),
+    )
 
 
 class Router:
@@ -138,8 +127,8 @@ class Router:
 
     ::
 
-        async with Router(LocalShardSource(shards)) as router:
-            app = router.app()
+        async with Router(LocalShardSource(shards)) as router, serve_router(router) as server:
+            ...  # clients call server.url + "/v1/chat/completions"
     """
 
     def __init__(
@@ -159,6 +148,14 @@ class Router:
         self._client: ShardClient | None = None
         self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
+        self._affinity_header = self.config.affinity_header.lower()
+        self._routes: dict[str, tuple[str, Handler]] = {
+            **{path: ("POST", self._generation) for path in _ROUTES},
+            "/v1/models": ("GET", self._models),
+            "/healthz": ("GET", self._healthz),
+            "/readyz": ("GET", self._readyz),
+            "/metrics": ("GET", self._metrics),
+        }
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
@@ -215,30 +212,39 @@ class Router:
 
     # -- HTTP ----------------------------------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        """The aiohttp application (the caller runs it; :func:`serve_router` does)."""
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._measured])
-        for path in _ROUTES:
-            app.router.add_post(path, self._generation)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        return app
+    async def handle(self, request: Request) -> Response | Stream:
+        """Every request the router serves (:func:`serve_router` hands them here): the route's answer, counted and
+        timed for the API routes, refusals included (by status code)."""
+        route = self._routes.get(request.path)
+        if route is None:
+            return _error(404, "not_found", f"no route {request.path}")
+        method, handler = route
+        if request.method != method:
+            return _error(405, "method_not_allowed", f"{request.path} takes {method}", {"Allow": method})
+        if request.path not in _MEASURED:
+            return await handler(request)
+        started = time.perf_counter()
+        code = 499  # the client went away before the answer was complete
+        try:
+            answer = await handler(request)
+            code = answer.status
+            return answer
+        finally:
+            self.metrics.answered(request.path, code, time.perf_counter() - started)
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    async def _readyz(self, request: Request) -> Response:
         routable = self.dispatcher.routable
         if routable:
-            return web.json_response({"status": "ready", "routable": len(routable)})
-        return web.json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, status=503)
+            return json_response({"status": "ready", "routable": len(routable)})
+        return json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, 503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return exposition(self.registry)
+    async def _metrics(self, request: Request) -> Response:
+        return Response(200, generate_latest(self.registry), {"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _models(self, request: web.Request) -> web.StreamResponse:
+    async def _models(self, request: Request) -> Response | Stream:
         return await self._answer(request, Forward("GET", "/v1/models"))
 
     def _no_shard_reason(self) -> str:
@@ -249,48 +255,42 @@ class Router:
             return "the shard source reports no healthy shard"
         return f"all {len(snapshot.shards)} healthy shard(s) are ejected"
 
-    def _refuse(self, reason: str, response: web.Response) -> web.Response:
+    def _refuse(self, reason: str, response: Response) -> Response:
         self.metrics.refused(reason)
         return response
 
-    async def _generation(self, request: web.Request) -> web.StreamResponse:
+    async def _generation(self, request: Request) -> Response | Stream:
         if self._in_flight >= self.config.max_concurrency:
-            busy = _error(429, "busy", f"the router has {self.config.max_concurrency} requests in flight; retry later")
-            busy.headers["Retry-After"] = str(self.config.retry_after_seconds)
-            return self._refuse("busy", busy)
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+            retry = {"Retry-After": str(self.config.retry_after_seconds)}
+            message = f"the router has {self.config.max_concurrency} requests in flight; retry later"
+            return self._refuse("busy", _error(429, "busy", message, retry))
+        if request.too_large:
+            limit = self.config.max_body_bytes
             return self._refuse("too_large", _error(413, "request_too_large", f"the body exceeds {limit} bytes"))
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse("too_large", _error(413, "request_too_large", f"the body exceeds {limit} bytes"))
+        body = request.body
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:
             return self._refuse("malformed", _error(400, "invalid_request_error", f"the body is not JSON: {exc}"))
         if not isinstance(payload, dict):
             return self._refuse("malformed", _error(400, "invalid_request_error", "the body must be a JSON object"))
-        affinity = request.headers.get(self.config.affinity_header) or payload.get("user")
+        affinity = request.headers.get(self._affinity_header) or payload.get("user")
         forward = Forward("POST", request.path, body, affinity if isinstance(affinity, str) else None)
         if payload.get("stream") is True:
             forward.relay = StreamRelay(self._opener(request))
         return await self._answer(request, forward)
 
-    def _opener(self, request: web.Request) -> Opener:
+    def _opener(self, request: Request) -> Opener:
         async def open_stream(
             shard: Shard, passed: Mapping[str, str], attempt: int
         ) -> Callable[[bytes], Awaitable[None]]:
             weights = self.dispatcher.weights_version(shard.name)
             headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
-            response = web.StreamResponse(headers=headers)
-            request[_STREAM] = response  # before prepare(): it can fail after the headers went out
-            await response.prepare(request)
-            return response.write
+            return request.open_stream(200, headers).write
 
         return open_stream
 
-    async def _answer(self, request: web.Request, forward: Forward) -> web.StreamResponse:
+    async def _answer(self, request: Request, forward: Forward) -> Response | Stream:
         if not self.dispatcher.routable:
             reason = self._no_shard_reason()
             return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", f"no healthy shard: {reason}"))
@@ -307,37 +307,19 @@ class Router:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
 
-    @web.middleware
-    async def _measured(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Count and time every answer of the API routes, refusals included (by status code)."""
-        if request.path not in _MEASURED:
-            return await handler(request)
-        started = time.perf_counter()
-        code = 499  # the client went away before the answer was complete
-        try:
-            response = await handler(request)
-            code = response.status
-            return response
-        finally:
-            self.metrics.answered(request.path, code, time.perf_counter() - started)
-
     async def _respond(
-        self, request: web.Request, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception
-    ) -> web.StreamResponse:
+        self, request: Request, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception
+    ) -> Response | Stream:
         relay = forward.relay
-        stream: web.StreamResponse | None = request.get(_STREAM)
-        if relay is not None and stream is not None:  # committed: the client may have the headers, never a 2nd reply
+        stream = request.stream
+        if relay is not None and stream is not None:  # committed: the client has the headers, never a 2nd reply
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
                 self.metrics.interrupted()
                 log.warning("stream from shard %s interrupted: %s", shard, relay.interrupted)
-                with contextlib.suppress(ConnectionError, RuntimeError):
-                    if not stream.prepared:  # the opener failed before its headers went out: send them now
-                        await stream.prepare(request)
+                with contextlib.suppress(ConnectionError):
                     await stream.write(stream_error_event(relay.interrupted, shard))
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await stream.write_eof()
-            return stream
+            return stream  # the server ends it
         if isinstance(outcome, Exception):
             if forward.rejected is not None:  # a shard's own 4xx, judged fleet-wide (every shard says so): relay it
                 return self._relay_rejected(forward.rejected, forward.attempts, None)
@@ -345,7 +327,7 @@ class Router:
         if isinstance(outcome, Completed):
             result = outcome.result
             headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts, outcome.weights_version)}
-            return web.Response(status=result.status, body=result.body, headers=headers)
+            return Response(result.status, result.body, headers)
         if isinstance(outcome, DataFailed):
             if forward.rejected is not None:
                 last = outcome.shards[-1] if outcome.shards else None
@@ -360,14 +342,14 @@ class Router:
             return _error(status, "upstream_unavailable", message, shards=list(outcome.shards))
         return _error(502, "upstream_unavailable", "the request ended without an answer")
 
-    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> web.Response:
+    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> Response:
         """A shard's 4xx, as it came: the request's fault (or the fleet's, say a wrong key), never retried."""
         headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(attempts)}
         if shard is not None:
             headers[SHARD_HEADER] = shard
-        return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
+        return Response(rejected.status or 400, rejected.body, headers)
 
-    def _failed(self, error: Exception) -> web.Response:
+    def _failed(self, error: Exception) -> Response:
         """The answer to a request the dispatcher ended with a run-terminal error (it stays on this request)."""
         if isinstance(error.__cause__, NoHealthyShards):  # no routable shard for a whole healthy wait
             reason = f"no healthy shard: {self._no_shard_reason()}"
@@ -392,8 +374,11 @@ class RouterServer:
 
 @contextlib.asynccontextmanager
 async def serve_router(router: Router, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[RouterServer]:
-    """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open."""
-    async with serve_app(
-        router.app(), host=host, port=port, access_log=access_log, access_log_class=AccessLogger
+    """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open. The access
+    log is written only when ``rollout_runtime.router.access`` logs INFO (decided here, once: not a check per
+    request)."""
+    access = log_access if access_log.isEnabledFor(logging.INFO) else None
+    async with serve(
+        router.handle, host=host, port=port, max_body_bytes=router.config.max_body_bytes, access_log=access
     ) as bound:
         yield RouterServer(host=host, port=bound)
