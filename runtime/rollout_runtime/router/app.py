@@ -148,6 +148,7 @@ class Router:
         self._client: ShardClient | None = None
         self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
+        self.metrics.count_in_flight(lambda: self._in_flight)
         self._affinity_header = self.config.affinity_header.lower()
         self._routes: dict[str, tuple[str, Handler]] = {
             **{path: ("POST", self._generation) for path in _ROUTES},
@@ -295,7 +296,6 @@ class Router:
             reason = self._no_shard_reason()
             return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", f"no healthy shard: {reason}"))
         self._in_flight += 1
-        self.metrics.in_flight.inc()
         try:
             outcome: Outcome[Forward, Relayed] | Exception
             try:
@@ -305,7 +305,6 @@ class Router:
             return await self._respond(request, forward, outcome)
         finally:
             self._in_flight -= 1
-            self.metrics.in_flight.dec()
 
     async def _respond(
         self, request: Request, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception

@@ -104,6 +104,8 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.delimited = False
         """Whether the reply says where its body ends (Content-Length or chunked); if not, the close does."""
+        self.content_length: int | None = None
+        self.content_type: str | None = None
         self.error: BaseException | None = None
         self.answered = False
         """Whether any byte of the reply arrived."""
@@ -164,7 +166,12 @@ class _Connection(asyncio.Protocol):
         self.status = self._parser.get_status_code()
         for name, value in self.raw_headers:
             lowered = name.lower()
-            if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            if lowered == b"content-length":
+                self.delimited = True
+                self.content_length = int(value) if value.isdigit() else None
+            elif lowered == b"content-type":
+                self.content_type = value.decode("latin-1")
+            elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
                 self.delimited = True
         if self.status in (204, 304) or self.status < 200:
             self.delimited = True
@@ -273,15 +280,19 @@ class Reply:
     def __init__(self, client: ShardClient, connection: _Connection) -> None:
         self._client = client
         self._connection: _Connection | None = connection
+        self._raw_headers = connection.raw_headers
         self.status = connection.status
-        self.headers = CIMultiDictProxy(
-            CIMultiDict((name.decode("latin-1"), value.decode("latin-1")) for name, value in connection.raw_headers)
-        )
+        self.content_length = connection.content_length
+        """Its Content-Length header (None without one, or not a number)."""
+        self.content_type = connection.content_type
+        """Its Content-Type header (None without one)."""
 
-    @property
-    def content_length(self) -> int | None:
-        value = self.headers.get("Content-Length")
-        return int(value) if value is not None and value.isdigit() else None
+    @functools.cached_property
+    def headers(self) -> CIMultiDictProxy[str]:
+        """All of its headers (built on first use: relaying a reply needs only the two above)."""
+        return CIMultiDictProxy(
+            CIMultiDict((name.decode("latin-1"), value.decode("latin-1")) for name, value in self._raw_headers)
+        )
 
     async def next_chunk(self) -> bytes:
         """The next bytes of the body as they came; ``b""`` at its end."""

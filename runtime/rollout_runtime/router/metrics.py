@@ -6,6 +6,7 @@ served paths), the status code, the refusal reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,8 +52,9 @@ class RouterMetrics:
             _FIXED,
             registry=registry,
         ).labels(*self._fixed)
-        in_flight = Gauge("router_in_flight_requests", "Requests being answered now.", _FIXED, registry=registry)
-        self.in_flight = in_flight.labels(*self._fixed)
+        self._in_flight = Gauge(
+            "router_in_flight_requests", "Requests being answered now.", _FIXED, registry=registry
+        ).labels(*self._fixed)
         self._answered: dict[tuple[str, int | str], tuple[Counter, Histogram]] = {}
         """The labelled children per (route, code), looked up once instead of per request."""
         for reason in REFUSALS:
@@ -66,6 +68,10 @@ class RouterMetrics:
             children = self._answered[key] = (count, self._duration.labels(*self._fixed, route))
         children[0].inc()
         children[1].observe(seconds)
+
+    def count_in_flight(self, read: Callable[[], float]) -> None:
+        """``router_in_flight_requests`` reads ``read()`` at each scrape (no lock taken per request)."""
+        self._in_flight.set_function(read)
 
     def refused(self, reason: str) -> None:
         self._refused.labels(*self._fixed, reason).inc()

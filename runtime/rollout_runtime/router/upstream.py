@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 _DONE: Final[bytes] = b"data: [DONE]"
-_PASSED_HEADERS: Final[tuple[str, ...]] = ("Content-Type",)
 
 
 class ShardRejected(RolloutDataFailure):
@@ -154,12 +153,13 @@ async def _check_status(reply: Reply, where: str, limit: int) -> None:
     body = await _read_bounded(reply, limit, where)
     if http_status_is_infra(status):
         raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
-    content_type = reply.headers.get("Content-Type", "application/json")
+    content_type = reply.content_type or "application/json"
     raise ShardRejected(f"{where} answered HTTP {status}", status=status, body=body, content_type=content_type)
 
 
 def _passed(reply: Reply) -> dict[str, str]:
-    return {name: reply.headers[name] for name in _PASSED_HEADERS if name in reply.headers}
+    """The shard's headers the client gets too: its Content-Type."""
+    return {"Content-Type": reply.content_type} if reply.content_type is not None else {}
 
 
 async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *, max_response_bytes: int) -> Relayed:
