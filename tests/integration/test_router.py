@@ -118,6 +118,20 @@ async def test_no_healthy_shard_is_409_with_a_reason(tmp_path: Path, http: aioht
     assert ready_status == 503
 
 
+async def test_an_unknown_path_is_404_and_a_wrong_method_405_with_a_json_reason(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with await _router(tmp_path, [("gone", dead)]) as router:
+        async with http.post(router.url + "/v1/embeddings", json={}) as response:
+            unknown = response.status, (await response.json())["error"]["type"]
+        async with http.get(router.url + "/v1/chat/completions") as response:
+            wrong = response.status, response.headers.get("Allow"), (await response.json())["error"]["type"]
+
+    assert unknown == (404, "not_found")
+    assert wrong == (405, "POST", "method_not_allowed")
+
+
 async def test_the_router_runs_on_uvloop_unless_asked_for_asyncios_loop(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
