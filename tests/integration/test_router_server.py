@@ -201,7 +201,8 @@ async def test_an_http10_client_gets_its_answer_and_the_close_even_for_a_stream(
         answers = []
         for path in ("/v1/completions", "/stream"):
             async with Client.open(port) as client:
-                await client.send(f"POST {path} HTTP/1.0\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+                head = f"POST {path} HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n"
+                await client.send(head.encode() + b"{}")
                 answers.append(await within(client.reader.read(), "the answer up to the close"))
 
     plain, stream = answers

@@ -264,8 +264,8 @@ class _Connection(asyncio.Protocol):
             too_large=self._too_large,
             _connection=self,
         )
-        if self._too_large or not parser.should_keep_alive():
-            self._close_after = True
+        if self._too_large or not self.http11 or not parser.should_keep_alive():
+            self._close_after = True  # HTTP/1.0 even with keep-alive asked for: its clients may read to the close
         self._queue.append(request)
         if len(self._queue) >= _MAX_QUEUED and self.transport is not None and not self._reading_paused:
             self._reading_paused = True
