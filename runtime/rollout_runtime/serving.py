@@ -13,13 +13,19 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["exposition", "serve_app"]
+__all__ = ["exposition", "scrape", "serve_app"]
+
+
+def scrape(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """``registry`` in Prometheus' text format, and its Content-Type: the body of every answer to a scrape."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 def exposition(registry: CollectorRegistry) -> web.Response:
-    """``registry`` in Prometheus' text format, as a response to a scrape."""
-    response = web.Response(body=generate_latest(registry))
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    """:func:`scrape` as an aiohttp response."""
+    body, content_type = scrape(registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
     return response
 
 

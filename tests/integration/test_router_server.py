@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import h11
 import pytest
 
-from rollout_runtime.router.server import MAX_HEAD_BYTES, Request, Response, Stream, json_response, serve
+from rollout_runtime.router.server import MAX_HEAD_BYTES, Handler, Request, Response, Stream, json_response, serve
 from support.deadlines import within
 
 LIMIT = 4096
@@ -33,7 +33,7 @@ async def echo(request: Request) -> Response | Stream:
 
 
 @asynccontextmanager
-async def server(handler=echo) -> AsyncIterator[int]:  # type: ignore[no-untyped-def]
+async def server(handler: Handler = echo) -> AsyncIterator[int]:
     async with serve(handler, host="127.0.0.1", port=0, max_body_bytes=LIMIT) as port:
         yield port
 

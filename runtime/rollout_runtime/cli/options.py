@@ -90,9 +90,11 @@ def command_help(name: str, details: str = "") -> str:
     return f"{summary}\n\n{details}" if details else summary
 
 
-def serve_until_stopped(server: Coroutine[Any, Any, None], host: str, port: int) -> None:
-    """Run a server's main coroutine; a bind failure (the port is taken) is a clean CLI error, not a traceback."""
+def serve_until_stopped(server: Coroutine[Any, Any, None], host: str, port: int, event_loop: str = "asyncio") -> None:
+    """Run a server's main coroutine on ``event_loop`` (an ``--event-loop`` choice); a bind failure (the port is
+    taken) is a clean CLI error, not a traceback."""
     try:
-        asyncio.run(server)
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            runner.run(server)
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None

@@ -29,7 +29,7 @@ from rollout_runtime.cli.options import (
     command_help,
     config_from_options,
     log_level,
-    loop_factory,
+    serve_until_stopped,
 )
 from rollout_runtime.health.hysteresis import ProbeSettings
 from rollout_runtime.router import READY_PREFIX, Router, RouterConfig, serve_router
@@ -131,11 +131,7 @@ def router(
             settings = config_from_options(ProbeSettings, period_seconds=probe_period, timeout_seconds=timeout)
         source = LocalShardSource(shards_from_urls(shard_urls), settings)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
-            runner.run(_serve(source, config, host, port, exit_with_parent=exit_with_parent))
-    except OSError as exc:
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    serve_until_stopped(_serve(source, config, host, port, exit_with_parent=exit_with_parent), host, port, event_loop)
 
 
 async def _serve(source: ShardSource, config: RouterConfig, host: str, port: int, *, exit_with_parent: bool) -> None:

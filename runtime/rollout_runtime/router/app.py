@@ -29,9 +29,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch import (
     Completed,
@@ -47,8 +47,9 @@ from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.config import RouterConfig
 from rollout_runtime.router.metrics import RouterMetrics
-from rollout_runtime.router.server import Request, Response, Stream, json_response, serve
+from rollout_runtime.router.server import Handler, Request, Response, Stream, error_response, json_response, serve
 from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
+from rollout_runtime.serving import scrape
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
 __all__ = [
@@ -74,19 +75,9 @@ ATTEMPTS_HEADER: Final[str] = "X-Rollout-Attempts"
 READY_PREFIX: Final[str] = "ROUTER_READY "
 """The line ``rollout-fleet router`` prints once it listens, then JSON with host, port and pid."""
 
-Writer = Callable[[bytes], Awaitable[None]]
-
-Handler = Callable[[Request], Awaitable[Response | Stream]]
-
 _ROUTES: Final[tuple[str, ...]] = ("/v1/completions", "/v1/chat/completions")
 _MEASURED: Final[frozenset[str]] = frozenset({*_ROUTES, "/v1/models"})
 _SSE_HEADERS: Final[dict[str, str]] = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-def _error(status: int, kind: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
-    """An OpenAI-shaped error body: ``{"error": {"message", "type", "code", ...}}``."""
-    body = {"error": {"message": message, "type": kind, "code": status, **extra}}
-    return json_response(body, status, headers)
 
 
 def _shard_headers(shard: Shard, attempts: int | None = None, weights: int | None = None) -> dict[str, str]:
@@ -218,10 +209,10 @@ class Router:
         timed for the API routes, refusals included (by status code)."""
         route = self._routes.get(request.path)
         if route is None:
-            return _error(404, "not_found", f"no route {request.path}")
+            return error_response(404, "not_found", f"no route {request.path}")
         method, handler = route
         if request.method != method:
-            return _error(405, "method_not_allowed", f"{request.path} takes {method}", {"Allow": method})
+            return error_response(405, "method_not_allowed", f"{request.path} takes {method}", {"Allow": method})
         if request.path not in _MEASURED:
             return await handler(request)
         started = time.perf_counter()
@@ -243,7 +234,8 @@ class Router:
         return json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, 503)
 
     async def _metrics(self, request: Request) -> Response:
-        return Response(200, generate_latest(self.registry), {"Content-Type": CONTENT_TYPE_LATEST})
+        body, content_type = scrape(self.registry)
+        return Response(200, body, {"Content-Type": content_type})
 
     async def _models(self, request: Request) -> Response | Stream:
         return await self._answer(request, Forward("GET", "/v1/models"))
@@ -260,21 +252,32 @@ class Router:
         self.metrics.refused(reason)
         return response
 
+    def _no_healthy_shard(self) -> Response:
+        """The 409 (see the module docstring), with why nothing is routable."""
+        message = f"no healthy shard: {self._no_shard_reason()}"
+        return self._refuse("no_healthy_shard", error_response(409, "no_healthy_shard", message))
+
     async def _generation(self, request: Request) -> Response | Stream:
         if self._in_flight >= self.config.max_concurrency:
             retry = {"Retry-After": str(self.config.retry_after_seconds)}
             message = f"the router has {self.config.max_concurrency} requests in flight; retry later"
-            return self._refuse("busy", _error(429, "busy", message, retry))
+            return self._refuse("busy", error_response(429, "busy", message, retry))
         if request.too_large:
             limit = self.config.max_body_bytes
-            return self._refuse("too_large", _error(413, "request_too_large", f"the body exceeds {limit} bytes"))
+            return self._refuse(
+                "too_large", error_response(413, "request_too_large", f"the body exceeds {limit} bytes")
+            )
         body = request.body
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            return self._refuse("malformed", _error(400, "invalid_request_error", f"the body is not JSON: {exc}"))
+            return self._refuse(
+                "malformed", error_response(400, "invalid_request_error", f"the body is not JSON: {exc}")
+            )
         if not isinstance(payload, dict):
-            return self._refuse("malformed", _error(400, "invalid_request_error", "the body must be a JSON object"))
+            return self._refuse(
+                "malformed", error_response(400, "invalid_request_error", "the body must be a JSON object")
+            )
         affinity = request.headers.get(self._affinity_header) or payload.get("user")
         forward = Forward("POST", request.path, body, affinity if isinstance(affinity, str) else None)
         if payload.get("stream") is True:
@@ -293,8 +296,7 @@ class Router:
 
     async def _answer(self, request: Request, forward: Forward) -> Response | Stream:
         if not self.dispatcher.routable:
-            reason = self._no_shard_reason()
-            return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", f"no healthy shard: {reason}"))
+            return self._no_healthy_shard()
         self._in_flight += 1
         try:
             outcome: Outcome[Forward, Relayed] | Exception
@@ -331,15 +333,14 @@ class Router:
             if forward.rejected is not None:
                 last = outcome.shards[-1] if outcome.shards else None
                 return self._relay_rejected(forward.rejected, outcome.attempts, last)
-            return _error(502, "upstream_error", outcome.reason, shards=list(outcome.shards))
+            return error_response(502, "upstream_error", outcome.reason, shards=list(outcome.shards))
         if isinstance(outcome, Skipped):
             if outcome.failure_type == "NoHealthyShards":
-                reason = f"no healthy shard: {self._no_shard_reason()}"
-                return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", reason))
+                return self._no_healthy_shard()
             status = 504 if outcome.failure_type == "RolloutTimeout" else 502
             message = f"{outcome.attempts} attempt(s) failed; last: {outcome.reason}"
-            return _error(status, "upstream_unavailable", message, shards=list(outcome.shards))
-        return _error(502, "upstream_unavailable", "the request ended without an answer")
+            return error_response(status, "upstream_unavailable", message, shards=list(outcome.shards))
+        return error_response(502, "upstream_unavailable", "the request ended without an answer")
 
     def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> Response:
         """A shard's 4xx, as it came: the request's fault (or the fleet's, say a wrong key), never retried."""
@@ -351,14 +352,13 @@ class Router:
     def _failed(self, error: Exception) -> Response:
         """The answer to a request the dispatcher ended with a run-terminal error (it stays on this request)."""
         if isinstance(error.__cause__, NoHealthyShards):  # no routable shard for a whole healthy wait
-            reason = f"no healthy shard: {self._no_shard_reason()}"
-            return self._refuse("no_healthy_shard", _error(409, "no_healthy_shard", reason))
+            return self._no_healthy_shard()
         if isinstance(error, RolloutFleetMisconfigured):
-            return _error(502, "fleet_misconfigured", str(error))
+            return error_response(502, "fleet_misconfigured", str(error))
         if isinstance(error, SessionClosed):
-            return _error(503, "shutting_down", "the router is shutting down")
+            return error_response(503, "shutting_down", "the router is shutting down")
         log.error("request failed in the dispatcher: %s: %s", type(error).__name__, error)
-        return _error(500, "router_error", f"{type(error).__name__}: {error}")
+        return error_response(500, "router_error", f"{type(error).__name__}: {error}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ __all__ = ["RouterProcess", "spawn_router"]
 class RouterProcess(ServerProcess):
     """A running router subprocess."""
 
-    event_loop: str = "asyncio"
+    event_loop: str
     """The module of the event loop it runs on (its ready line says): ``uvloop`` unless ``--event-loop asyncio``."""
 
 

@@ -28,7 +28,7 @@ import contextlib
 import http
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -42,6 +42,7 @@ __all__ = [
     "Request",
     "Response",
     "Stream",
+    "error_response",
     "json_response",
     "serve",
 ]
@@ -97,6 +98,13 @@ class Response:
 
 def json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+
+def error_response(
+    status: int, kind: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> Response:
+    """An OpenAI-shaped error: ``{"error": {"message", "type", "code", ...}}`` (what OpenAI clients raise from)."""
+    return json_response({"error": {"message": message, "type": kind, "code": status, **extra}}, status, headers)
 
 
 Handler = Callable[[Request], Awaitable["Response | Stream"]]
@@ -279,7 +287,7 @@ class _Connection(asyncio.Protocol):
         try:
             while self._queue and self.transport is not None:
                 request = self._queue.popleft()
-                if self._reading_paused and len(self._queue) < _MAX_QUEUED // 2 and self.transport is not None:
+                if self._reading_paused and len(self._queue) < _MAX_QUEUED // 2:
                     self._reading_paused = False
                     self.transport.resume_reading()
                 await self._answer(request)
@@ -307,9 +315,9 @@ class _Connection(asyncio.Protocol):
                     head = _head(status, headers, framing)
                 except ValueError:
                     log.exception("the router's answer to %s %s has an invalid header", request.method, request.path)
-                    status, headers = 500, {}
-                    head = _head(500, {"Content-Type": "application/json"}, framing)
                     answer = _internal_error()
+                    status, headers = answer.status, answer.headers
+                    head = _head(status, headers, framing)
                 self.write(head + answer.body)
         except ConnectionError:
             status = 499  # the client went away before the answer was complete
@@ -323,9 +331,9 @@ class _Connection(asyncio.Protocol):
         if self._busy:  # an answer is being written: let it finish, then close
             self._close_after = True
             return
-        body = json.dumps({"error": {"message": reason, "type": "invalid_request_error", "code": 400}}).encode()
-        head = b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
-        self._send(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        refusal = error_response(400, "invalid_request_error", reason)
+        framing = b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(refusal.body)
+        self._send(_head(refusal.status, refusal.headers, framing) + refusal.body)
         self.close()
 
     def _send(self, data: bytes) -> None:
@@ -375,7 +383,7 @@ class _HeadTooLarge(Exception):
 
 
 def _internal_error() -> Response:
-    return json_response({"error": {"message": "internal error", "type": "router_error", "code": 500}}, 500)
+    return error_response(500, "router_error", "internal error")
 
 
 class _Server:
@@ -390,8 +398,8 @@ class _Server:
         self.tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.TimerHandle | None = self.loop.call_later(_SWEEP_SECONDS, self._sweep)
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        task = self.loop.create_task(cast(Any, work))
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
