@@ -25,6 +25,7 @@ from rollout_runtime.dispatch import (
     Skipped,
     StallDetected,
 )
+from rollout_runtime.dispatch.engine import _TURN_BUDGET
 from rollout_runtime.failures import (
     GenerationUnavailable,
     GymTransportError,
@@ -579,6 +580,52 @@ async def test_weighted_least_outstanding_spreads_in_flight_work_by_weight() -> 
         outcomes = await collector
     assert peak == {"big": 6, "small": 2}
     assert_accounted(run, outcomes, range(8))
+
+
+async def test_a_shard_takes_at_most_its_turn_budget_of_new_attempts_per_loop_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pacing: attempts sent together come back together and least-outstanding replaces each on the shard it left, so
+    a shard that has just begun answering 503 would get a whole wave before the loop reads its first answer. While
+    another shard is pickable, a shard takes at most ``_TURN_BUDGET`` new attempts per turn of the event loop (a turn
+    ends where the dispatcher's ``_age`` runs); with one shard nothing waits."""
+    turns = 0
+    age = Dispatcher._age
+
+    def counting_age(self: Dispatcher) -> None:
+        nonlocal turns
+        turns += 1
+        age(self)
+
+    monkeypatch.setattr(Dispatcher, "_age", counting_age)
+    gate = asyncio.Event()
+
+    async def measure(names: tuple[str, ...]) -> Counter[tuple[str, int]]:
+        started: Counter[tuple[str, int]] = Counter()
+        all_started = asyncio.Event()
+
+        async def rollout(shard: Shard, prompt: int) -> str:
+            started[shard.name, turns] += 1
+            if started.total() == 40:
+                all_started.set()
+            await gate.wait()
+            return shard.name
+
+        gate.clear()
+        async with Dispatcher(StaticShardSource(make_shards(*names)), FAST) as d:
+            run = d.run(range(40), rollout)
+            collector = asyncio.create_task(collect(run))
+            await within(all_started.wait(), "all 40 attempts to start")
+            gate.set()
+            outcomes = await collector
+        assert_accounted(run, outcomes, range(40))
+        return started
+
+    paced = await measure(("a", "b"))
+    assert max(paced.values()) == _TURN_BUDGET, f"per shard and turn: {dict(paced)}"
+    assert len({turn for _, turn in paced}) >= 40 // (2 * _TURN_BUDGET), "the wave was not spread over turns"
+    alone = await measure(("a",))
+    assert len(alone) == 1, f"a single shard was paced: {dict(alone)}"
 
 
 async def test_rollout_raising_a_run_terminal_error_ends_the_run_with_it() -> None:

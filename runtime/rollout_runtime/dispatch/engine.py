@@ -125,13 +125,19 @@ class _Attempt:
 @dataclass(slots=True, eq=False)
 class _Slot(ShardLoad):
     attempts: set[_Attempt] = field(default_factory=set)
-    fresh: bool = False
-    """An attempt started on it in this turn of the event loop (see ``Dispatcher._attempt``)."""
+    turn_attempts: int = 0
+    """Attempts started on it in this turn of the event loop (see ``Dispatcher._attempt``)."""
     trial_started: float = 0.0
     """Monotonic start of the first of its attempts in flight while on trial (see ``ejection``)."""
     trial_attempts: int = 0
     """Its attempts in flight that started on trial. The room counts these only: an attempt from before the ejection
     says nothing about the shard now, and one running for minutes must not keep the trial from starting."""
+
+    @property
+    def paced(self) -> bool:
+        """It took its :data:`_TURN_BUDGET` new attempts this turn: the next waits a turn while another shard is
+        pickable."""
+        return self.turn_attempts >= _TURN_BUDGET
 
 
 @dataclass(slots=True, eq=False)
@@ -223,6 +229,11 @@ AttemptOutcome = Literal["success", "infra_failure", "data_failure", "cancelled"
 _INITIAL_WORKERS = 64
 """Workers a run starts with; each attempt that reaches a shard starts one more, up to the concurrency limit. With no
 shard to run on, a run of any size holds this many, not one per prompt."""
+
+_TURN_BUDGET = 4
+"""New attempts a shard takes per turn of the event loop while another shard is pickable (see
+``Dispatcher._attempt``). The failover benchmark wasted as many attempts with 4 as with 1 (docs/benchmarks.md), and
+1 made every attempt of a saturated router wait a turn."""
 
 _INTERRUPTS = (KeyboardInterrupt, SystemExit)
 """Not an attempt's failure: the run ends with them (every prompt accounted for) and the consumer sees them."""
@@ -692,7 +703,7 @@ class Dispatcher:
         """The routable shards an attempt may start on now: not held, and not on trial with its one attempt out."""
         self._panic = False
         self._fresh: list[_Slot] = []
-        """Shards with an attempt started in this turn of the event loop."""
+        """Shards with attempts started in this turn of the event loop."""
         self._turn_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         """Attempts paced to a later turn (see ``_attempt``)."""
         self._aging = False
@@ -927,18 +938,18 @@ class Dispatcher:
 
     async def _attempt(self, run: DispatchRun[Any, Any], state: _PromptState) -> None:
         slot = self._pick(state)
-        # Pacing: while another shard is pickable, a shard takes at most one new attempt per turn of the event loop.
-        # Attempts sent together come back together, and least-outstanding replaces each on the shard it left; when
-        # that shard has just begun answering 503, the whole batch would be sent to it before the loop reads the
-        # first answer. Waiting a turn lets the loop read the network in between.
-        if slot is not None and (slot.fresh or self._turn_waiters) and len(self._pickable) > 1:
+        # Pacing: while another shard is pickable, a shard takes at most _TURN_BUDGET new attempts per turn of the
+        # event loop. Attempts sent together come back together, and least-outstanding replaces each on the shard it
+        # left; when that shard has just begun answering 503, the whole batch would be sent to it before the loop
+        # reads the first answer. Waiting a turn lets the loop read the network in between.
+        if slot is not None and (slot.paced or self._turn_waiters) and len(self._pickable) > 1:
             behind = True  # a newcomer queues behind the attempts already waiting for a turn: first come, first served
             while True:
                 await self._next_turn(behind)
                 if not run.active:
                     return
                 slot = self._pick(state)
-                if slot is None or not slot.fresh or len(self._pickable) <= 1:
+                if slot is None or not slot.paced or len(self._pickable) <= 1:
                     break
                 behind = False  # woken in its turn and paced again: first in line for the next one
         if slot is None:
@@ -1465,8 +1476,8 @@ class Dispatcher:
         on it until this one ends (see ``ejection``)."""
         slot.outstanding += 1
         slot.attempts.add(record)
-        if not slot.fresh:
-            slot.fresh = True
+        slot.turn_attempts += 1
+        if slot.turn_attempts == 1:
             self._fresh.append(slot)
             self._age_soon()
         if self._on_trial(slot.name):
@@ -1495,15 +1506,15 @@ class Dispatcher:
             self._loop.call_soon(self._age)
 
     def _age(self) -> None:
-        """A new turn of the event loop: no shard's attempts are fresh any more. Wake as many paced attempts as there
-        are shards to start them on (not every waiter, which would cost a wake-up per waiter per attempt); the rest
-        wait for the next turn."""
+        """A new turn of the event loop: no shard's attempts are from this turn any more. Wake as many paced attempts
+        as the shards can start this turn (not every waiter, which would cost a wake-up per waiter per attempt); the
+        rest wait for the next turn."""
         self._aging = False
         for slot in self._fresh:
-            slot.fresh = False
+            slot.turn_attempts = 0
         self._fresh.clear()
         waiters = self._turn_waiters
-        wake = len(self._pickable) or len(waiters)  # nothing pickable: every waiter goes on to wait for a shard
+        wake = len(self._pickable) * _TURN_BUDGET or len(waiters)  # nothing pickable: all go on to wait for one
         while waiters and wake:
             waiter = waiters.popleft()
             if not waiter.done():
@@ -1523,7 +1534,7 @@ class Dispatcher:
         if record.trial:
             slot.trial_attempts -= 1
         if not slot.outstanding:
-            slot.fresh = False  # nothing in flight: no answer left unread there to wait for
+            slot.turn_attempts = 0  # nothing in flight: no answer left unread there to wait for
         if record.trial and not slot.trial_attempts and slot.name in self._slots:
             self._refresh_pickable()
 
