@@ -40,6 +40,7 @@ __all__ = [
     "FLEET_LABELS",
     "PROMPT_RESULTS",
     "STALL_ACTIONS",
+    "BucketCounts",
     "MetricsServer",
     "RolloutMetrics",
     "serve_metrics",
@@ -88,23 +89,26 @@ _HELP = {
 }
 
 
-class _Histogram:
-    """Bucket counts for one label value; ``observe`` is a bisect and two additions."""
+class BucketCounts:
+    """A histogram's state for one label value, exposed by a custom collector; ``observe`` is a bisect and two
+    additions (prometheus-client's ``Histogram.observe`` takes a lock per bucket it touches)."""
 
-    __slots__ = ("counts", "sum")
+    __slots__ = ("buckets", "counts", "sum")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)  # the last one is +Inf
+    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
+        self.counts[bisect_left(self.buckets, seconds)] += 1
         self.sum += seconds
 
     def cumulative(self) -> list[tuple[str, float]]:
+        """``(upper bound, count at or below it)`` per bucket, +Inf last: ``HistogramMetricFamily``'s form."""
         total = 0
         out: list[tuple[str, float]] = []
-        for bound, count in zip((*map(str, DURATION_BUCKETS), "+Inf"), self.counts, strict=True):
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
             total += count
             out.append((bound, total))
         return out
@@ -126,7 +130,7 @@ class RolloutMetrics:
         self.namespace = namespace
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.attempts = dict.fromkeys(ATTEMPT_OUTCOMES, 0)
-        self.durations = {outcome: _Histogram() for outcome in ATTEMPT_OUTCOMES}
+        self.durations = {outcome: BucketCounts() for outcome in ATTEMPT_OUTCOMES}
         self.failures: dict[tuple[str, str], int] = {}
         self.prompts = dict.fromkeys(PROMPT_RESULTS, 0)
         self.stalls = dict.fromkeys(STALL_ACTIONS, 0)

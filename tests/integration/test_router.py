@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from rollout_runtime.sim import SimFleet
 from rollout_runtime.sim.env_process import spawn_env_server
 from rollout_runtime.sim.environments import MultiStepResponse
 from rollout_runtime.sim.process import ManagedProcess, free_port, until
+from rollout_runtime.sim.shard import CRASH_EXIT_CODE
 from support.deadlines import within
 
 STREAM_SHARD = Path(__file__).parent.parent / "support" / "stream_shard.py"
@@ -184,50 +186,44 @@ async def test_a_session_stays_on_one_shard_and_moves_when_it_dies(tmp_path: Pat
 async def test_multistep_episodes_through_the_router_all_complete_while_shards_die(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
-    """sim-env multistep asks the policy (the router) for every step; shards are killed, frozen and 503-burst."""
+    """sim-env multistep asks the policy (the router) for every step, each episode pinned to its shard by its id;
+    the three shards that are home to episodes crash mid-run, answer a 503 burst and freeze. The faults are armed
+    before the episodes start, on their homes, so each one hits whatever the speed of the run (armed after the
+    first answers, a fast router had finished every episode before the burst and the kill met no episode)."""
     episodes, steps = 16, 10
     async with SimFleet(4, log_dir=tmp_path) as fleet:
-        names = fleet.names
+        homes = Counter(_home(f"ep-{index}", fleet.names) for index in range(episodes))
+        assert len(homes) >= 3, f"the episodes' homes: {dict(homes)}"
+        crashing, bursting, frozen = (name for name, _ in homes.most_common(3))
         async with (
             await _router(tmp_path, [(s.name, s.endpoint) for s in fleet.shards]) as router,
             await spawn_env_server("multistep", log_path=tmp_path / "env.log") as env,
             EnvironmentClient(env.url) as client,
         ):
             await _ready(http, router, 4)
+            # the most episodes' home serves `steps` calls of its >= 4 x `steps`, then exits mid-request
+            await fleet.set_faults(crashing, crash_after_requests=steps)
+            await fleet.set_faults(bursting, fail_next=5, error_status=503)
+            fleet.hang(frozen)  # still routable until its probes fail: its episodes' first calls hang there
 
             async def episode(index: int) -> MultiStepResponse:
                 values = [index + step for step in range(steps)]
                 request = {"episode_id": f"ep-{index}", "values": values, "policy_url": router.url}
                 return await client.run_episode(request, MultiStepResponse)
 
-            async def answered() -> float:
-                return await _metric(http, router, "router_requests_total", 'code="200"')
-
-            async def burst_hit() -> bool:
-                return bool((await fleet.stats(names[2])).get("errors_503", 0) >= 1)
-
-            running = asyncio.gather(*(episode(i) for i in range(episodes)))
-            await until(lambda: _at_least(answered, 10), timeout_seconds=60, what="10 policy calls")
-            await fleet.kill(names[0])
-            await fleet.set_faults(names[2], fail_next=5, error_status=503)
-            # while the episodes run: the router answers fast enough to finish them before a later burst would hit
-            await until(burst_hit, timeout_seconds=60, what=f"the 503 burst on {names[2]} answering a request")
-            fleet.hang(names[1])
-            assert not running.done(), "the episodes ended before the freeze: it would prove nothing"
-            replies = await within(running, "every episode through the router")
-            fleet.resume(names[1])
-            stats = await fleet.stats(names[2])
+            replies = await within(asyncio.gather(*(episode(i) for i in range(episodes))), "every episode")
+            crashed = await within(fleet.wait_exit(crashing), f"{crashing} to exit")
+            fleet.resume(frozen)
+            burst = await fleet.stats(bursting)
             ejections = await _metric(http, router, "rollout_ejections_total")
+            cancelled = await _metric(http, router, "rollout_attempts_total", 'outcome="cancelled"')
 
     assert len(replies) == episodes
     assert all(reply.reward == 1.0 for reply in replies), [r.totals for r in replies if r.reward != 1.0]
-    assert stats.get("errors_503", 0) >= 1  # the burst really hit a request
+    assert crashed == CRASH_EXIT_CODE, f"{crashing} exited {crashed}, not by its crash fault"
+    assert burst.get("errors_503", 0) >= 1, "the 503 burst answered no request"
     assert ejections >= 1
-
-
-async def _at_least(metric: object, threshold: float) -> bool:
-    assert callable(metric)
-    return bool(await metric() >= threshold)
+    assert cancelled >= 1, "no attempt was taken off the frozen shard when it left the healthy set"
 
 
 async def _stream_shard(tmp_path: Path, name: str, *args: str) -> tuple[ManagedProcess, str]:

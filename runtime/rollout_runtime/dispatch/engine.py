@@ -230,7 +230,7 @@ _INITIAL_WORKERS = 64
 """Workers a run starts with; each attempt that reaches a shard starts one more, up to the concurrency limit. With no
 shard to run on, a run of any size holds this many, not one per prompt."""
 
-_TURN_BUDGET = 4
+_TURN_BUDGET = 2
 """New attempts a shard takes per turn of the event loop while another shard is pickable (see
 ``Dispatcher._attempt``). The failover benchmark wasted as many attempts with 4 as with 1 (docs/benchmarks.md), and
 1 made every attempt of a saturated router wait a turn."""
