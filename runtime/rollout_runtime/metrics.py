@@ -30,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from rollout_runtime.serving import exposition, serve_app
 from rollout_runtime.shards.model import DEFAULT_FLEET
@@ -105,10 +106,11 @@ class BucketCounts:
         self.sum += seconds
 
     def cumulative(self) -> list[tuple[str, float]]:
-        """``(upper bound, count at or below it)`` per bucket, +Inf last: ``HistogramMetricFamily``'s form."""
+        """``(upper bound, count at or below it)`` per bucket, +Inf last: ``HistogramMetricFamily``'s form, the bounds
+        spelled as prometheus-client's ``Histogram`` spells them (``le="1.0"``, not ``"1"``)."""
         total = 0
         out: list[tuple[str, float]] = []
-        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
+        for bound, count in zip((*map(floatToGoString, self.buckets), "+Inf"), self.counts, strict=True):
             total += count
             out.append((bound, total))
         return out

@@ -232,8 +232,8 @@ shard to run on, a run of any size holds this many, not one per prompt."""
 
 _TURN_BUDGET = 2
 """New attempts a shard takes per turn of the event loop while another shard is pickable (see
-``Dispatcher._attempt``). The failover benchmark wasted as many attempts with 4 as with 1 (docs/benchmarks.md), and
-1 made every attempt of a saturated router wait a turn."""
+``Dispatcher._attempt``). With 1, most attempts of a saturated router waited a turn; with 4, the failover benchmark
+wasted more attempts on shards that had just begun failing (docs/benchmarks.md)."""
 
 _INTERRUPTS = (KeyboardInterrupt, SystemExit)
 """Not an attempt's failure: the run ends with them (every prompt accounted for) and the consumer sees them."""
