@@ -42,6 +42,7 @@ __all__ = [
     "PROMPT_RESULTS",
     "STALL_ACTIONS",
     "BucketCounts",
+    "FamiliesCollector",
     "MetricsServer",
     "RolloutMetrics",
     "serve_metrics",
@@ -197,17 +198,25 @@ class RolloutMetrics:
         return 0.0 if found is None else found
 
 
-class _RolloutCollector(Collector):
+class FamiliesCollector(Collector):
+    """A custom collector over state kept elsewhere: :meth:`families` builds every family, without samples for
+    ``describe`` (the registry's check for duplicate names) and with them at each scrape."""
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self.families(samples=False))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families(samples=True))
+
+    def families(self, *, samples: bool) -> list[Metric]:
+        raise NotImplementedError
+
+
+class _RolloutCollector(FamiliesCollector):
     def __init__(self, metrics: RolloutMetrics) -> None:
         self._m = metrics
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(self._families(samples=False))
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families(samples=True))
-
-    def _families(self, *, samples: bool) -> list[Metric]:
+    def families(self, *, samples: bool) -> list[Metric]:
         m = self._m
         attempts = CounterMetricFamily(
             "rollout_attempts_total", _HELP["rollout_attempts"], labels=[*FLEET_LABELS, "outcome"]

@@ -10,14 +10,13 @@ lock per increment and per bucket, on the path of every request the router relay
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from rollout_runtime.metrics import FLEET_LABELS, BucketCounts
+from rollout_runtime.metrics import FLEET_LABELS, BucketCounts, FamiliesCollector
 
 __all__ = ["REFUSALS", "RouterMetrics"]
 
@@ -72,17 +71,11 @@ class RouterMetrics:
         self.streams_interrupted += 1
 
 
-class _RouterCollector(Collector):
+class _RouterCollector(FamiliesCollector):
     def __init__(self, metrics: RouterMetrics) -> None:
         self._m = metrics
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(self._families(samples=False))
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families(samples=True))
-
-    def _families(self, *, samples: bool) -> list[Metric]:
+    def families(self, *, samples: bool) -> list[Metric]:
         m = self._m
         requests = CounterMetricFamily(
             "router_requests_total", _HELP["router_requests"], labels=[*FLEET_LABELS, "route", "code"]
