@@ -3,7 +3,7 @@
 One aiohttp server, one aiohttp client session, shards taken round-robin, the body read and parsed as JSON (the
 router must parse it for ``stream`` and ``user``), the answer relayed whole. No selection, retries, ejection,
 metrics or access log: what this costs above nginx is an aiohttp server and aiohttp's client in Python. The router
-serves with aiohttp too but sends through its own client (rollout_runtime.router.client), so it can cost less.
+is built on the same two (its low-level server), so what it costs above this floor is its own work per request.
 
     python bench/_aiohttp_floor.py http://127.0.0.1:8001 http://127.0.0.1:8002   # prints "FLOOR_READY <port>"
 """

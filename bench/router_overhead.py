@@ -9,8 +9,7 @@ reverse order, so that drift of the machine cancels instead of favouring one fro
 over the rounds: p50/p99 latency, requests per second, the CPU time per request of the two Python fronts' processes
 and of the sim shards' (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a
 share of nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp
-floor's. Last, the two clients a proxy can send with, in this process over the same shards: aiohttp's and the
-router's own (router/client.py), CPU per request each.
+floor's.
 
 The client is bench/loadgen (Go; ``--client python`` for this script's aiohttp client instead). A Python client
 costs about as much CPU per request as the Python fronts it measures, on the same two cores, and its own queue of
@@ -48,7 +47,6 @@ from _aiohttp_floor import READY as FLOOR_READY
 from _loadgen import loadgen
 from _peers import Nginx, ProxySettings
 from _proc import cpu_seconds
-from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
 
@@ -158,36 +156,6 @@ async def drive_python(urls: Sequence[str], requests: int, concurrency: int) -> 
     return _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000, requests / wall, errors
 
 
-async def client_cpu(client: str, urls: Sequence[str], requests: int, concurrency: int) -> float:
-    """CPU microseconds per request of this process sending ``requests`` completions through ``client``."""
-    body = b'{"prompt": "What is 1 + 1?", "max_tokens": 4}'
-    shard_client = ShardClient(connect_timeout=5.0, read_timeout=120.0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=120.0)
-    headers = {"Content-Type": "application/json"}
-    targets = itertools.cycle(urls)
-    async with aiohttp.ClientSession(trust_env=False, auto_decompress=False) as session:
-
-        async def one() -> None:
-            url = next(targets)
-            if client == "router":
-                async with await shard_client.request(url, "POST", "/v1/completions", body) as reply:
-                    await reply.read(1 << 20)
-            else:
-                async with session.post(url + "/v1/completions", data=body, headers=headers, timeout=timeout) as r:
-                    await r.read()
-
-        async def worker(count: int) -> None:
-            for _ in range(count):
-                await one()
-
-        await asyncio.gather(*(worker(1) for _ in range(concurrency)))  # one connection each, not measured
-        started = time.process_time()
-        await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
-        spent = time.process_time() - started
-    await shard_client.aclose()
-    return spent / (requests // concurrency * concurrency) * 1e6
-
-
 async def main_async(
     shards: int, requests: int, concurrency: int, latency: float = 0.0, rounds: int = 6, client: str = "go"
 ) -> None:
@@ -225,7 +193,6 @@ async def main_async(
                     name, targets, requests, concurrency, client=client, front_pid=pid, shard_pids=shard_pids
                 )
                 runs[name].append(result)
-        clients = {name: await client_cpu(name, urls, requests, concurrency) for name in ("aiohttp", "router")}
     sender = "bench/loadgen (Go)" if client == "go" else "aiohttp in this process"
     print(f"\n{rounds} interleaved round(s) of {requests} requests per front, sent by {sender}; medians of the rounds")
     header = f"{'front':16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>7}"
@@ -261,10 +228,6 @@ async def main_async(
         f"the aiohttp floor: added p50 {median(floor_added):+.2f} ms, throughput {median(floor_shares):.2f}x "
         f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "
         f"({median(router_cpu) - median(floor_cpu):+.0f} us)"
-    )
-    print(
-        f"clients to the shards: the router's {clients['router']:.0f} us CPU per request, aiohttp's "
-        f"{clients['aiohttp']:.0f} us ({clients['router'] / clients['aiohttp']:.2f}x)"
     )
 
 

@@ -10,17 +10,17 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from rollout_runtime.dispatch import AttemptEnded, DispatchEvent, ShardEjected
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.router import SHARD_HEADER, WEIGHTS_HEADER, Router, RouterConfig, RouterServer, serve_router
-from rollout_runtime.router.server import Request, Stream
 from rollout_runtime.shards import LocalShardSource, StaticShardSource
 from rollout_runtime.shards.model import Shard, ShardSource
 from rollout_runtime.sim import SimFleet
@@ -136,20 +136,19 @@ async def test_a_stream_whose_opener_fails_after_prepare_ends_with_the_error_eve
     502 on the same response, and blamed on the shard. Now the stream ends with the router's error event, is
     counted, and the shard (which did nothing wrong) stays routable."""
     injected: list[str] = []
-    open_stream = Request.open_stream
+    open_stream = Router.open_stream
 
-    def open_then_fail(self: Request, status: int, headers: Mapping[str, str]) -> Stream:
-        stream = open_stream(self, status, headers)  # the head is out
+    async def open_then_fail(self: Router, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        await open_stream(self, request, response)  # the head is out
         if not injected:  # the router's stream to its client, once
-            injected.append(headers[SHARD_HEADER])
+            injected.append(response.headers[SHARD_HEADER])
             raise RuntimeError("injected: the opener failed after the head went out")
-        return stream
 
     events = Events()
     process, shard = await _stream_shard(tmp_path, "stream-a")
     try:
         async with routing(StaticShardSource([shard]), events, 1) as (router, server), aiohttp.ClientSession() as http:
-            monkeypatch.setattr(Request, "open_stream", open_then_fail)
+            monkeypatch.setattr(Router, "open_stream", open_then_fail)
             body = {**COMPLETION, "stream": True}
             async with http.post(server.url + "/v1/completions", json=body) as response:
                 status, content_type = response.status, response.headers["Content-Type"]

@@ -1,5 +1,5 @@
 """The router in front of real llama.cpp servers (llama-cpp-python's OpenAI-compatible server, uvicorn underneath):
-what its own client to the shards (rollout_runtime.router.client) gets from a server this project did not write."""
+what the router relays from a server this project did not write."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from support.deadlines import within
 from support.llama import CONTEXT_TOKENS, MODEL_ALIAS, StartLlamaServers
 
 
-async def test_completions_streams_and_a_rejected_prompt_through_the_router_over_kept_alive_connections(
+async def test_completions_streams_and_a_rejected_prompt_through_the_router(
     llama_servers: StartLlamaServers,
 ) -> None:
     servers = llama_servers(2)
@@ -48,9 +48,4 @@ async def test_completions_streams_and_a_rejected_prompt_through_the_router_over
             rejected = await within(response.read(), "the over-long prompt's answer")
             assert response.status == 400, rejected  # llama.cpp's own 4xx, relayed as it came, not retried
         assert b"context" in rejected.lower()
-
-        client = router._client
-        assert client is not None
     assert answered_by == {shard.name for shard in shards}
-    # 8 requests one after the other over 2 servers: with reuse, one connection per server.
-    assert client.connections_opened == 2, f"{client.connections_opened} connections for 8 sequential requests"

@@ -7,11 +7,12 @@ import logging
 
 import click
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from rollout_runtime.cli.router import shards_from_urls
 from rollout_runtime.router import RouterConfig, stream_error_event
-from rollout_runtime.router.app import log_access
-from rollout_runtime.router.server import Request
+from rollout_runtime.router.http import AccessLogger, access_log
 
 
 def test_shards_are_named_by_host_and_port_unless_named() -> None:
@@ -56,8 +57,11 @@ def test_the_router_may_eject_every_failing_shard_by_default() -> None:
 
 
 def test_the_access_log_line_has_the_shard_and_never_a_body_or_header(caplog: pytest.LogCaptureFixture) -> None:
-    request = Request("POST", "/v1/completions", {"authorization": "Bearer sk-secret"}, b'{"prompt": "p"}', "10.0.0.1")
+    request = make_mocked_request(
+        "POST", "/v1/completions?api_key=k", headers={"Authorization": "Bearer sk-secret"}, payload=b'{"prompt": "p"}'
+    )
+    response = web.Response(body=b'{"choices": []}', headers={"X-Rollout-Shard": "shard-a"})
     with caplog.at_level(logging.INFO, logger="rollout_runtime.router.access"):
-        log_access(request, 200, 0.0123, {"X-Rollout-Shard": "shard-a"})
+        AccessLogger(access_log, "").log(request, response, 0.0123)
 
-    assert caplog.messages == ["10.0.0.1 POST /v1/completions 200 12.3ms shard=shard-a"]
+    assert caplog.messages == [f"{request.remote} POST /v1/completions 200 12.3ms shard=shard-a"]

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
+import aiohttp
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rollout_runtime.dispatch import (
@@ -44,11 +46,18 @@ from rollout_runtime.dispatch import (
     Skipped,
 )
 from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
-from rollout_runtime.router.client import ShardClient
 from rollout_runtime.router.config import RouterConfig
+from rollout_runtime.router.http import SHARD_HEADER, error_response, json_response, open_stream, read_body, serve
 from rollout_runtime.router.metrics import RouterMetrics
-from rollout_runtime.router.server import Handler, Request, Response, Stream, error_response, json_response, serve
-from rollout_runtime.router.upstream import Forward, Opener, Relayed, ShardRejected, StreamRelay, forward_attempt
+from rollout_runtime.router.upstream import (
+    Forward,
+    Opener,
+    Relayed,
+    ShardRejected,
+    StreamRelay,
+    forward_attempt,
+    shard_session,
+)
 from rollout_runtime.serving import scrape
 from rollout_runtime.shards.model import Shard, ShardSource, fleet_identity
 
@@ -64,10 +73,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("rollout_runtime.router")
-access_log = logging.getLogger("rollout_runtime.router.access")
 
-SHARD_HEADER: Final[str] = "X-Rollout-Shard"
-"""The shard that produced the answer."""
 WEIGHTS_HEADER: Final[str] = "X-Rollout-Weights-Version"
 """The weights version that shard serves, when the shard source knows it."""
 ATTEMPTS_HEADER: Final[str] = "X-Rollout-Attempts"
@@ -95,23 +101,9 @@ def stream_error_event(message: str, shard: str) -> bytes:
     return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def log_access(request: Request, status: int, seconds: float, headers: Mapping[str, str]) -> None:
-    """One line per request: client, method, path (no query string), status, duration, shard. Never a body or a
-    header, so neither a prompt nor a credential reaches the log."""
-    access_log.info(
-        "%s %s %s %d %.1fms shard=%s",
-        request.remote,
-        request.method,
-        request.path,
-        status,
-        seconds * 1000,
-        headers.get(SHARD_HEADER, "-"),
-    )
-
-
 class Router:
     """The router's state: one long-lived dispatcher and session (shared ejection state, workers and stats) and one
-    :class:`~rollout_runtime.router.client.ShardClient` (kept-alive connections) to the shards.
+    aiohttp client session to the shards (:func:`~rollout_runtime.router.upstream.shard_session`).
 
     ``observer`` receives the dispatcher's events (every attempt's end, ejections), as
     :class:`~rollout_runtime.dispatch.Dispatcher`'s does.
@@ -136,12 +128,12 @@ class Router:
         self.metrics = RouterMetrics(self.registry, fleet=fleet, namespace=namespace)
         policy = self.config.dispatch_policy()
         self.dispatcher = Dispatcher(source, policy, registry=self.registry, observer=observer)
-        self._client: ShardClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
         self.metrics.count_in_flight(lambda: self._in_flight)
         self._affinity_header = self.config.affinity_header.lower()
-        self._routes: dict[str, tuple[str, Handler]] = {
+        self._routes: dict[str, tuple[str, Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]]] = {
             **{path: ("POST", self._generation) for path in _ROUTES},
             "/v1/models": ("GET", self._models),
             "/healthz": ("GET", self._healthz),
@@ -151,7 +143,7 @@ class Router:
 
     async def __aenter__(self) -> Router:
         await self.dispatcher.__aenter__()
-        self._client = ShardClient(
+        self._client = shard_session(
             connect_timeout=self.config.connect_timeout_seconds, read_timeout=self.config.read_timeout_seconds
         )
         self._requests = self._open_session()
@@ -165,7 +157,7 @@ class Router:
             self._requests = None
         await self.dispatcher.aclose()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     @property
@@ -204,7 +196,7 @@ class Router:
 
     # -- HTTP ----------------------------------------------------------------------------------------------------
 
-    async def handle(self, request: Request) -> Response | Stream:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request the router serves (:func:`serve_router` hands them here): the route's answer, counted and
         timed for the API routes, refusals included (by status code)."""
         route = self._routes.get(request.path)
@@ -224,21 +216,21 @@ class Router:
         finally:
             self.metrics.answered(request.path, code, time.perf_counter() - started)
 
-    async def _healthz(self, request: Request) -> Response:
+    async def _healthz(self, request: web.BaseRequest) -> web.Response:
         return json_response({"status": "ok"})
 
-    async def _readyz(self, request: Request) -> Response:
+    async def _readyz(self, request: web.BaseRequest) -> web.Response:
         routable = self.dispatcher.routable
         if routable:
             return json_response({"status": "ready", "routable": len(routable)})
         return json_response({"status": "no_healthy_shard", "reason": self._no_shard_reason()}, 503)
 
-    async def _metrics(self, request: Request) -> Response:
+    async def _metrics(self, request: web.BaseRequest) -> web.Response:
         body, content_type = scrape(self.registry)
-        return Response(200, body, {"Content-Type": content_type})
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
-    async def _models(self, request: Request) -> Response | Stream:
-        return await self._answer(request, Forward("GET", "/v1/models"))
+    async def _models(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._answer(Forward("GET", "/v1/models"))
 
     def _no_shard_reason(self) -> str:
         snapshot = self.dispatcher.snapshot
@@ -248,26 +240,26 @@ class Router:
             return "the shard source reports no healthy shard"
         return f"all {len(snapshot.shards)} healthy shard(s) are ejected"
 
-    def _refuse(self, reason: str, response: Response) -> Response:
+    def _refuse(self, reason: str, response: web.Response) -> web.Response:
         self.metrics.refused(reason)
         return response
 
-    def _no_healthy_shard(self) -> Response:
+    def _no_healthy_shard(self) -> web.Response:
         """The 409 (see the module docstring), with why nothing is routable."""
         message = f"no healthy shard: {self._no_shard_reason()}"
         return self._refuse("no_healthy_shard", error_response(409, "no_healthy_shard", message))
 
-    async def _generation(self, request: Request) -> Response | Stream:
+    async def _generation(self, request: web.BaseRequest) -> web.StreamResponse:
         if self._in_flight >= self.config.max_concurrency:
             retry = {"Retry-After": str(self.config.retry_after_seconds)}
             message = f"the router has {self.config.max_concurrency} requests in flight; retry later"
             return self._refuse("busy", error_response(429, "busy", message, retry))
-        if request.too_large:
-            limit = self.config.max_body_bytes
-            return self._refuse(
-                "too_large", error_response(413, "request_too_large", f"the body exceeds {limit} bytes")
-            )
-        body = request.body
+        limit = self.config.max_body_bytes
+        body = await read_body(request, limit)
+        if body is None:
+            refusal = error_response(413, "request_too_large", f"the body exceeds {limit} bytes")
+            refusal.force_close()  # the rest of the body is never read
+            return self._refuse("too_large", refusal)
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:
@@ -280,21 +272,31 @@ class Router:
             )
         affinity = request.headers.get(self._affinity_header) or payload.get("user")
         forward = Forward("POST", request.path, body, affinity if isinstance(affinity, str) else None)
+        stream: list[web.StreamResponse] = []
         if payload.get("stream") is True:
-            forward.relay = StreamRelay(self._opener(request))
-        return await self._answer(request, forward)
+            forward.relay = StreamRelay(self._opener(request, stream))
+        return await self._answer(forward, stream)
 
-    def _opener(self, request: Request) -> Opener:
+    def _opener(self, request: web.BaseRequest, opened: list[web.StreamResponse]) -> Opener:
+        """Opens the client's stream (kept in ``opened``) for the shard whose first byte arrived."""
+
         async def open_stream(
             shard: Shard, passed: Mapping[str, str], attempt: int
         ) -> Callable[[bytes], Awaitable[None]]:
             weights = self.dispatcher.weights_version(shard.name)
             headers = {**_SSE_HEADERS, **passed, **_shard_headers(shard, attempt, weights)}
-            return request.open_stream(200, headers).write
+            response = web.StreamResponse(headers=headers)
+            opened.append(response)
+            await self.open_stream(request, response)
+            return response.write
 
         return open_stream
 
-    async def _answer(self, request: Request, forward: Forward) -> Response | Stream:
+    async def open_stream(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """Send a stream's head to the client (a test's seam for a failure once the head is out)."""
+        await open_stream(request, response)
+
+    async def _answer(self, forward: Forward, stream: list[web.StreamResponse] | None = None) -> web.StreamResponse:
         if not self.dispatcher.routable:
             return self._no_healthy_shard()
         self._in_flight += 1
@@ -304,15 +306,14 @@ class Router:
                 outcome = await self.route(forward)
             except Exception as exc:  # the run-terminal error found on this request (or the session's end)
                 outcome = exc
-            return await self._respond(request, forward, outcome)
+            return await self._respond(forward, outcome, stream[0] if stream else None)
         finally:
             self._in_flight -= 1
 
     async def _respond(
-        self, request: Request, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception
-    ) -> Response | Stream:
+        self, forward: Forward, outcome: Outcome[Forward, Relayed] | Exception, stream: web.StreamResponse | None
+    ) -> web.StreamResponse:
         relay = forward.relay
-        stream = request.stream
         if relay is not None and stream is not None:  # committed: the client has the headers, never a 2nd reply
             if relay.interrupted is not None:
                 shard = relay.committed_to.name if relay.committed_to is not None else "unknown"
@@ -320,7 +321,7 @@ class Router:
                 log.warning("stream from shard %s interrupted: %s", shard, relay.interrupted)
                 with contextlib.suppress(ConnectionError):
                     await stream.write(stream_error_event(relay.interrupted, shard))
-            return stream  # the server ends it
+            return stream  # aiohttp ends it
         if isinstance(outcome, Exception):
             if forward.rejected is not None:  # a shard's own 4xx, judged fleet-wide (every shard says so): relay it
                 return self._relay_rejected(forward.rejected, forward.attempts, None)
@@ -328,7 +329,7 @@ class Router:
         if isinstance(outcome, Completed):
             result = outcome.result
             headers = {**result.headers, **_shard_headers(result.shard, outcome.attempts, outcome.weights_version)}
-            return Response(result.status, result.body, headers)
+            return web.Response(status=result.status, body=result.body, headers=headers)
         if isinstance(outcome, DataFailed):
             if forward.rejected is not None:
                 last = outcome.shards[-1] if outcome.shards else None
@@ -342,14 +343,14 @@ class Router:
             return error_response(status, "upstream_unavailable", message, shards=list(outcome.shards))
         return error_response(502, "upstream_unavailable", "the request ended without an answer")
 
-    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> Response:
+    def _relay_rejected(self, rejected: ShardRejected, attempts: int, shard: str | None) -> web.Response:
         """A shard's 4xx, as it came: the request's fault (or the fleet's, say a wrong key), never retried."""
         headers = {"Content-Type": rejected.content_type, ATTEMPTS_HEADER: str(attempts)}
         if shard is not None:
             headers[SHARD_HEADER] = shard
-        return Response(rejected.status or 400, rejected.body, headers)
+        return web.Response(status=rejected.status or 400, body=rejected.body, headers=headers)
 
-    def _failed(self, error: Exception) -> Response:
+    def _failed(self, error: Exception) -> web.Response:
         """The answer to a request the dispatcher ended with a run-terminal error (it stays on this request)."""
         if isinstance(error.__cause__, NoHealthyShards):  # no routable shard for a whole healthy wait
             return self._no_healthy_shard()
@@ -373,11 +374,7 @@ class RouterServer:
 
 @contextlib.asynccontextmanager
 async def serve_router(router: Router, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[RouterServer]:
-    """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open. The access
-    log is written only when ``rollout_runtime.router.access`` logs INFO (decided here, once: not a check per
-    request)."""
-    access = log_access if access_log.isEnabledFor(logging.INFO) else None
-    async with serve(
-        router.handle, host=host, port=port, max_body_bytes=router.config.max_body_bytes, access_log=access
-    ) as bound:
+    """Serve ``router`` (already entered) on ``host:port`` (0: any free port) while the context is open (see
+    :mod:`rollout_runtime.router.http`)."""
+    async with serve(router.handle, host=host, port=port) as bound:
         yield RouterServer(host=host, port=bound)

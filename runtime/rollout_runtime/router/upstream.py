@@ -1,8 +1,8 @@
 """One attempt of one routed request on one shard: the dispatcher's ``rollout(shard, forward)`` for the router.
 
-Sent through the router's :class:`~rollout_runtime.router.client.ShardClient`. What a shard's answer means is the
-generation client's mapping (:mod:`rollout_runtime.generation`), applied to relayed bytes instead of parsed
-completions:
+Sent with aiohttp's client (:func:`shard_session`: kept-alive connections per shard, the read timeout as the longest
+silence). What a shard's answer means is the generation client's mapping (:mod:`rollout_runtime.generation`),
+applied to relayed bytes instead of parsed completions:
 
 - cannot connect, dropped, silent past the read timeout, not HTTP/1.x, a 5xx/408/425/429, a redirect -> infra
   (retried on another shard, the shard passively ejected when it is to blame);
@@ -27,12 +27,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+import aiohttp
+from yarl import URL
+
 from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, RolloutTimeout, http_status_is_infra
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
-from rollout_runtime.router.client import InvalidResponse, Reply, ShardClient
 from rollout_runtime.shards.model import Shard
 
 __all__ = [
+    "KEEPALIVE_SECONDS",
     "Forward",
     "Relayed",
     "ShardRejected",
@@ -40,9 +43,15 @@ __all__ = [
     "StreamOpenFailed",
     "StreamRelay",
     "forward_attempt",
+    "shard_session",
 ]
 
 _DONE: Final[bytes] = b"data: [DONE]"
+KEEPALIVE_SECONDS: Final[float] = 4.0
+"""An idle connection to a shard is closed after this long: under the 5 s after which uvicorn (vLLM) and
+cpp-httplib (llama.cpp) close idle connections, so the router seldom sends a request into one the shard is closing
+(and :func:`forward_attempt` sends once more on a fresh connection when it does)."""
+_HEADERS: Final[Mapping[str, str]] = {"Content-Type": "application/json"}
 
 
 class ShardRejected(RolloutDataFailure):
@@ -121,6 +130,23 @@ class Forward:
         return relay.interrupted or f"the stream from shard {relay.committed_to.name} already reached the client"
 
 
+def shard_session(*, connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
+    """The router's one client to its shards: aiohttp's, with connections kept alive per shard (no limit on their
+    number: the router's ``max_concurrency`` bounds them), ``read_timeout`` as the longest silence (before a reply's
+    first byte or between two), no cookies kept (one client's cookie must never reach another's request) and no
+    proxy from the environment."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        headers={"User-Agent": "rollout-fleet-router"},
+        skip_auto_headers=("Accept-Encoding",),  # relayed as they come: the client gets what it would from the shard
+    )
+
+
 def _where(shard: Shard) -> str:
     return _where_named(shard.name, shard.endpoint)
 
@@ -131,17 +157,28 @@ def _where_named(name: str, endpoint: str) -> str:
     return f"shard {name} ({redact_url(endpoint)})"
 
 
-async def _read_bounded(reply: Reply, limit: int, where: str) -> bytes:
+@functools.lru_cache(maxsize=4096)
+def _url(endpoint: str, path: str) -> URL:
+    """Parsed once per shard and route."""
+    return URL(endpoint.rstrip("/") + path)
+
+
+async def _read_bounded(reply: aiohttp.ClientResponse, limit: int, where: str) -> bytes:
     too_large = f"{where}: response larger than {limit} bytes"
-    if reply.content_length is not None and reply.content_length > limit:
+    length = reply.content_length
+    if length is not None and length > limit:
         raise GenerationUnavailable(too_large, status=reply.status)
-    try:
-        return await reply.read(limit)
-    except OverflowError:
-        raise GenerationUnavailable(too_large, status=reply.status) from None
+    if length is not None:
+        return await reply.read()
+    buffer = bytearray()
+    while chunk := await reply.content.readany():
+        buffer += chunk
+        if len(buffer) > limit:
+            raise GenerationUnavailable(too_large, status=reply.status)
+    return bytes(buffer)
 
 
-async def _check_status(reply: Reply, where: str, limit: int) -> None:
+async def _check_status(reply: aiohttp.ClientResponse, where: str, limit: int) -> None:
     """Raise the taxonomy's failure for a reply that is not a 2xx (before any of it reaches the client)."""
     status = reply.status
     if 200 <= status < 300:
@@ -153,16 +190,34 @@ async def _check_status(reply: Reply, where: str, limit: int) -> None:
     body = await _read_bounded(reply, limit, where)
     if http_status_is_infra(status):
         raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
-    content_type = reply.content_type or "application/json"
+    content_type = reply.headers.get("Content-Type") or "application/json"
     raise ShardRejected(f"{where} answered HTTP {status}", status=status, body=body, content_type=content_type)
 
 
-def _passed(reply: Reply) -> dict[str, str]:
+def _passed(reply: aiohttp.ClientResponse) -> dict[str, str]:
     """The shard's headers the client gets too: its Content-Type."""
-    return {"Content-Type": reply.content_type} if reply.content_type is not None else {}
+    content_type = reply.headers.get("Content-Type")
+    return {"Content-Type": content_type} if content_type is not None else {}
 
 
-async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *, max_response_bytes: int) -> Relayed:
+async def _send(session: aiohttp.ClientSession, shard: Shard, forward: Forward) -> aiohttp.ClientResponse:
+    """The shard's reply, once its headers are in. A kept-alive connection that closes before any byte of its
+    reply is the shard closing it while it was idle (servers may, at any time): the request goes once more, on a
+    fresh connection, so that race is never the shard's failure. A shard that really went away refuses it."""
+    url = _url(shard.endpoint, forward.path)
+    headers = _HEADERS if forward.body is not None else None
+    try:
+        return await session.request(forward.method, url, data=forward.body, headers=headers, allow_redirects=False)
+    except aiohttp.ClientConnectorError:  # could not connect: no kept-alive connection was involved
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):  # closed before the reply's first byte
+        pass
+    return await session.request(forward.method, url, data=forward.body, headers=headers, allow_redirects=False)
+
+
+async def forward_attempt(
+    session: aiohttp.ClientSession, shard: Shard, forward: Forward, *, max_response_bytes: int
+) -> Relayed:
     """Send ``forward`` to ``shard``; raise taxonomy failures only (see the module docstring)."""
     relay = forward.relay
     if relay is not None and relay.committed_to is not None:  # retry_refused keeps the dispatcher from this
@@ -170,7 +225,7 @@ async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *
     forward.attempts += 1
     where = _where(shard)
     try:
-        async with await client.request(shard.endpoint, forward.method, forward.path, forward.body) as reply:
+        async with await _send(session, shard, forward) as reply:
             await _check_status(reply, where, max_response_bytes)
             if relay is None:
                 body = await _read_bounded(reply, max_response_bytes, where)
@@ -183,13 +238,16 @@ async def forward_attempt(client: ShardClient, shard: Shard, forward: Forward, *
         raise
     except ClientGone:
         return Relayed(shard, 200, {}, client_gone=True)
-    except TimeoutError as exc:
-        failure = _after_commit(relay, f"{where} was silent for longer than the read timeout")
+    except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            raise RolloutTimeout(f"{where} did not accept a connection in time") from exc
+        silent = f"{where} was silent for longer than the read timeout"
+        failure = _after_commit(relay, silent)
         if failure is not None:
             raise failure from exc
-        raise RolloutTimeout(safe_message(f"{where} {exc}")) from exc
-    except (InvalidResponse, OSError) as exc:  # not HTTP; refused, reset, closed mid-reply, no route, no such host
-        what = "invalid HTTP response" if isinstance(exc, InvalidResponse) else type(exc).__name__
+        raise RolloutTimeout(silent) from exc
+    except (aiohttp.ClientError, OSError) as exc:  # not HTTP; refused, reset, cut mid-reply, no route, no such host
+        what = "invalid HTTP response" if isinstance(exc, aiohttp.ClientResponseError) else type(exc).__name__
         reason = safe_message(f"{where}: {what}: {exc}")
         failure = _after_commit(relay, reason)
         if failure is not None:
@@ -209,8 +267,11 @@ def _after_commit(relay: StreamRelay | None, reason: str) -> StreamInterrupted |
     return StreamInterrupted(reason)
 
 
-async def _relay_stream(reply: Reply, shard: Shard, relay: StreamRelay, where: str, attempt: int) -> Relayed:
-    first = await reply.next_chunk()
+async def _relay_stream(
+    reply: aiohttp.ClientResponse, shard: Shard, relay: StreamRelay, where: str, attempt: int
+) -> Relayed:
+    content = reply.content
+    first = await content.readany()
     if not first:
         raise GenerationUnavailable(f"{where} closed its stream before the first byte")
     relay.committed_to = shard  # from here the client may have this shard's headers: no other shard may answer
@@ -234,7 +295,7 @@ async def _relay_stream(reply: Reply, shard: Shard, relay: StreamRelay, where: s
             raise ClientGone(str(exc)) from exc
         sent += len(chunk)
         tail = (tail + chunk)[-64:]
-        chunk = await reply.next_chunk()
+        chunk = await content.readany()
     if _DONE not in tail:
         failure = _after_commit(relay, f"{where} ended its stream without data: [DONE]")
         assert failure is not None
