@@ -46,7 +46,7 @@ from rollout_runtime.results import (
 )
 from rollout_runtime.shards.model import Shard
 
-__all__ = ["Completion", "GenerationClient", "GenerationOptions"]
+__all__ = ["Completion", "GenerationClient", "GenerationOptions", "judge_completion", "judge_stream_start"]
 
 DEFAULT_MAX_RESPONSE_BYTES: Final[int] = 8 * 1024 * 1024
 
@@ -151,7 +151,7 @@ class GenerationClient:
         if payload.get("stream"):
             return await self._stream(shard, path, payload, chat=chat)
         body = await self._post(shard, path, payload)
-        return self._parse(shard, body, chat=chat)
+        return judge_completion(shard, body, chat=chat)
 
     async def _post(self, shard: Shard, path: str, payload: Mapping[str, Any]) -> bytes:
         url = shard.endpoint + path
@@ -198,27 +198,6 @@ class GenerationClient:
         failure = http_verdicts.failure_for(found, where)
         raise type(failure)(safe_message(str(failure)), status=failure.status, retry_after=failure.retry_after)
 
-    @staticmethod
-    def _parse(shard: Shard, body: bytes, *, chat: bool) -> Completion:
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise GenerationClient._not_a_completion(shard, f"{type(exc).__name__}: {exc}") from exc
-        problem = http_verdicts.completion_problem(payload, chat=chat)
-        if problem is None:
-            try:
-                return parse_completion(payload, chat=chat, shard=shard.name, model=shard.model)
-            except MalformedCompletion as exc:
-                problem = str(exc)
-        raise GenerationClient._not_a_completion(shard, problem)
-
-    @staticmethod
-    def _not_a_completion(shard: Shard, problem: str) -> GenerationUnavailable:
-        """The one verdict for a 200 that is not a completion, streamed or not (see the module docstring)."""
-        found = http_verdicts.not_a_completion(200, problem)
-        failure = http_verdicts.failure_for(found, f"shard {shard.name}")
-        return GenerationUnavailable(safe_message(str(failure)), status=200)
-
     async def _stream(self, shard: Shard, path: str, payload: Mapping[str, Any], *, chat: bool) -> Completion:
         """POST with ``stream: true`` and fold the SSE events; each chunk's tokens count as the attempt's progress.
 
@@ -245,9 +224,7 @@ class GenerationClient:
                         read += len(line)
                         if read > limit:
                             raise GenerationUnavailable(f"{where}: response larger than {limit} bytes", status=status)
-                        if not line.startswith(b"data:"):
-                            continue  # blank separators, comments (": ping"), event/id fields
-                        tokens = assembler.add(line[5:].strip().decode("utf-8", errors="replace"))
+                        tokens = assembler.add_line(line)
                         if tokens:
                             report_progress(tokens)
                         if assembler.done:
@@ -260,10 +237,49 @@ class GenerationClient:
             message = safe_message(f"{where}: invalid HTTP response: {exc.message}")
             raise GenerationUnavailable(message, status=exc.status) from exc
         except MalformedCompletion as exc:
-            raise self._not_a_completion(shard, str(exc)) from exc
+            raise _not_a_completion(shard, str(exc)) from exc
         if not assembler.done:
             raise GenerationUnavailable(f"{where}: the stream ended before data: [DONE]", status=status)
         try:
             return assembler.result(shard=shard.name, model=shard.model)
         except MalformedCompletion as exc:
-            raise self._not_a_completion(shard, str(exc)) from exc
+            raise _not_a_completion(shard, str(exc)) from exc
+
+
+def judge_completion(shard: Shard, body: bytes, *, chat: bool) -> Completion:
+    """The one verdict on a 200 body, for every reader of one (this client, the router): the completion, or
+    GenerationUnavailable with status 200 saying why it is not one (invalid JSON, an error object, ``choices: []``)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise _not_a_completion(shard, f"{type(exc).__name__}: {exc}") from exc
+    problem = http_verdicts.completion_problem(payload, chat=chat)
+    if problem is None:
+        try:
+            return parse_completion(payload, chat=chat, shard=shard.name, model=shard.model)
+        except MalformedCompletion as exc:
+            problem = str(exc)
+    raise _not_a_completion(shard, problem)
+
+
+def judge_stream_start(shard: Shard, lines: list[bytes], *, chat: bool) -> bool:
+    """The same verdict on the start of a 200 stream: its lines up to the end of an SSE event, folded as this client
+    folds a whole stream. True once a chunk carried a choice (False: none yet, read on); raises
+    GenerationUnavailable with status 200 for an error object, a chunk that is not a completion's, or a stream that is
+    over (``data: [DONE]``) before any choice."""
+    assembler = StreamAssembler(chat=chat)
+    try:
+        for line in lines:
+            assembler.add_line(line)
+            if assembler.done:
+                assembler.result(shard=shard.name, model=shard.model)  # raises unless it carried a choice
+    except MalformedCompletion as exc:
+        raise _not_a_completion(shard, str(exc)) from exc
+    return assembler.started
+
+
+def _not_a_completion(shard: Shard, problem: str) -> GenerationUnavailable:
+    """The one verdict for a 200 that is not a completion, streamed or not (see the module docstring)."""
+    found = http_verdicts.not_a_completion(200, problem)
+    failure = http_verdicts.failure_for(found, f"shard {shard.name}")
+    return GenerationUnavailable(safe_message(str(failure)), status=200)

@@ -442,6 +442,18 @@ class StreamAssembler:
         except (ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
             raise MalformedCompletion(f"bad stream chunk: {type(exc).__name__}: {exc}") from exc
 
+    @property
+    def started(self) -> bool:
+        """Whether a chunk carried a choice yet."""
+        return bool(self._choices)
+
+    def add_line(self, line: bytes) -> int | None:
+        """One line of the SSE stream as it arrived: a ``data:`` line is :meth:`add`-ed (its tokens returned); None
+        for the lines that carry no data (blank separators, comments such as ``: ping``, event and id fields)."""
+        if not line.startswith(b"data:"):
+            return None
+        return self.add(line[5:].strip().decode("utf-8", errors="replace"))
+
     def result(self, *, shard: str, model: str = "") -> Completion:
         """The folded completion; raises MalformedCompletion if the stream ended before ``[DONE]``."""
         if not self.done:

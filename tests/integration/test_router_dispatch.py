@@ -230,3 +230,35 @@ async def test_a_fleet_judged_misconfigured_relays_the_shards_own_4xx_and_the_ro
     assert [status for status, _ in answers] == [401] * 12, answers
     assert all("injected fault" in body["message"] for _, body in answers), answers
     assert after == 200, "the router stopped serving after the misconfigured verdict"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "no_choices", "error_object"])
+async def test_a_200_that_is_not_a_completion_is_redispatched_and_counts_against_its_shard(kind: str) -> None:
+    """The router judges a shard's 200 as the generation client does before relaying it: a body that is not a
+    completion (JSON cut short, ``choices: []``, an error object inside a 200) is never relayed as a success; the
+    request goes to another shard, and the shard answering such bodies is ejected as the library's dispatcher ejects
+    it."""
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        sick, well = fleet.names
+        await fleet.set_faults(sick, not_a_completion_next=1000, not_a_completion=kind)
+        async with routing(StaticShardSource(fleet.shards), events, 2) as (_, server):
+            answers = []
+            for index in range(20):
+                body = {**COMPLETION, "prompt": f"What is {index} + 1?", "stream": index % 2 == 1}
+                async with http.post(server.url + "/v1/completions", json=body) as response:
+                    text = await within(response.text(), f"answer {index}")
+                    answers.append((response.status, response.headers.get(SHARD_HEADER), body["stream"], text))
+        sick_stats = await fleet.stats(sick)
+
+    assert sick_stats.get(f"not_a_completion_{kind}", 0) >= 1, "no request reached the sick shard: the fault never hit"
+    assert [(status, shard) for status, shard, _, _ in answers] == [(200, well)] * len(answers), answers
+    for _, _, stream, text in answers:
+        if stream:
+            assert text.rstrip().endswith("data: [DONE]"), text
+            assert "injected" not in text
+        else:
+            assert json.loads(text)["choices"][0]["text"], text
+    failed_there = [e for e in events.attempts if e.shard == sick and e.outcome != "success"]
+    assert failed_there, "no attempt on the sick shard was counted as failed"
+    assert set(events.ejected) == {sick}, "the shard answering 200s that are not completions was not ejected"

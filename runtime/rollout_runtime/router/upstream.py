@@ -8,7 +8,12 @@ applied to relayed bytes instead of parsed completions:
   (retried on another shard, the shard passively ejected when it is to blame);
 - any other 4xx -> :class:`ShardRejected` (data): the request's own fault, relayed to the client as the shard said
   it, never retried;
-- a 2xx: a non-streamed body is read (bounded) and handed back; a stream is relayed as it arrives.
+- a 2xx is judged as the generation client judges one (:func:`~rollout_runtime.generation.judge_completion`,
+  :func:`~rollout_runtime.generation.judge_stream_start`) before any of it reaches the client: a completion route's
+  answer that is not a completion (invalid or truncated JSON, ``choices: []``, an error object inside a 200, a stream
+  whose first event is one) is infra with status 200, so the dispatcher redispatches it and weighs it against the
+  shard as it does for the library. A non-streamed body is read (bounded), judged whole and handed back; a stream is
+  judged by its first event, then relayed as it arrives.
 
 A stream is *committed* once the client's response is opened for its first byte (its headers may be out even if
 opening fails): from then on it cannot move to another shard (:attr:`Forward.retry_refused` tells the dispatcher).
@@ -31,6 +36,7 @@ import aiohttp
 from yarl import URL
 
 from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, RolloutTimeout, http_status_is_infra
+from rollout_runtime.generation import judge_completion, judge_stream_start
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
 from rollout_runtime.shards.model import Shard
 
@@ -52,6 +58,8 @@ KEEPALIVE_SECONDS: Final[float] = 4.0
 cpp-httplib (llama.cpp) close idle connections, so the router seldom sends a request into one the shard is closing
 (and :func:`forward_attempt` sends once more on a fresh connection when it does)."""
 _HEADERS: Final[Mapping[str, str]] = {"Content-Type": "application/json"}
+_JUDGED: Final[Mapping[str, bool]] = {"/v1/completions": False, "/v1/chat/completions": True}
+"""The routes whose 2xx must be a completion, and whether it is a chat one."""
 
 
 class ShardRejected(RolloutDataFailure):
@@ -227,10 +235,14 @@ async def forward_attempt(
     try:
         async with await _send(session, shard, forward) as reply:
             await _check_status(reply, where, max_response_bytes)
+            chat = _JUDGED.get(forward.path)
             if relay is None:
                 body = await _read_bounded(reply, max_response_bytes, where)
+                if chat is not None:
+                    judge_completion(shard, body, chat=chat)
                 return Relayed(shard, reply.status, _passed(reply), body)
-            return await _relay_stream(reply, shard, relay, where, forward.attempts)
+            first = await _stream_start(reply, shard, where, chat, max_response_bytes)
+            return await _relay_stream(reply, first, shard, relay, where, forward.attempts)
     except ShardRejected as exc:
         forward.rejected = exc
         raise
@@ -267,13 +279,43 @@ def _after_commit(relay: StreamRelay | None, reason: str) -> StreamInterrupted |
     return StreamInterrupted(reason)
 
 
-async def _relay_stream(
-    reply: aiohttp.ClientResponse, shard: Shard, relay: StreamRelay, where: str, attempt: int
-) -> Relayed:
+async def _stream_start(
+    reply: aiohttp.ClientResponse, shard: Shard, where: str, chat: bool | None, limit: int
+) -> bytes:
+    """A stream's first bytes, up to the end of its first event that carries data, judged (when ``chat`` says the
+    route's answer is a completion) before the client sees any of it."""
     content = reply.content
     first = await content.readany()
     if not first:
         raise GenerationUnavailable(f"{where} closed its stream before the first byte")
+    if chat is None:
+        return first
+    judged_up_to = 0
+    while True:
+        end = _event_end(first, judged_up_to)
+        if end is None:
+            chunk = await content.readany()
+            if not chunk:
+                raise GenerationUnavailable(f"{where} ended its stream before its first event", status=reply.status)
+            first += chunk
+            if len(first) > limit:
+                raise GenerationUnavailable(f"{where}: stream's first event larger than {limit} bytes")
+            continue
+        if judge_stream_start(shard, first[:end].splitlines(), chat=chat):
+            return first
+        judged_up_to = end
+
+
+def _event_end(buffer: bytes, start: int) -> int | None:
+    """Where the SSE event that starts at ``start`` ends (after its blank line); None while it is incomplete."""
+    ends = [found + len(mark) for mark in (b"\n\n", b"\r\n\r\n") if (found := buffer.find(mark, start)) >= 0]
+    return min(ends) if ends else None
+
+
+async def _relay_stream(
+    reply: aiohttp.ClientResponse, first: bytes, shard: Shard, relay: StreamRelay, where: str, attempt: int
+) -> Relayed:
+    content = reply.content
     relay.committed_to = shard  # from here the client may have this shard's headers: no other shard may answer
     try:
         write = await relay.open(shard, _passed(reply), attempt)

@@ -17,9 +17,9 @@ else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enfo
 
 Faults (:class:`SimFaults`), settable by flags and at run time: hang (accept, never answer, until lifted), slow
 (added latency), errors by status (a rate, or a deterministic burst of the next N requests), connection dropped
-mid-response (a rate, or the next N), serving the wrong model, an unhealthy ``/health``, flapping, and crash (the
-process exits at once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack
-trace.
+mid-response (a rate, or the next N), 200s that are not completions (the next N), serving the wrong model, an
+unhealthy ``/health``, flapping, and crash (the process exits at once, or after N generation requests). Errors are
+JSON in vLLM's shape; a request never sees a stack trace.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -93,6 +93,11 @@ class SimFaults(BaseModel):
     """Exit the process on the Nth generation request from now, without answering it."""
     token_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Pause between streamed chunks (``stream: true``), so a stream is in progress long enough to be stopped."""
+    not_a_completion_next: Annotated[int, Field(ge=0)] = 0
+    """The next N generation requests are answered 200 with a body that is not a completion (``not_a_completion``);
+    a stream's first event is that body, then ``data: [DONE]``."""
+    not_a_completion: Literal["truncated", "no_choices", "error_object"] = "error_object"
+    """What such a 200 carries: JSON cut short, ``"choices": []``, or an OpenAI error object."""
 
     @model_validator(mode="after")
     def _named_model(self) -> SimFaults:
@@ -340,7 +345,24 @@ class SimShard:
             await asyncio.sleep(self.faults.slow_seconds)
         return None
 
+    def _not_a_completion(self) -> bytes | None:
+        """The body of a 200 that is not a completion, while ``not_a_completion_next`` lasts (counted)."""
+        if self.faults.not_a_completion_next <= 0:
+            return None
+        self.faults.not_a_completion_next -= 1
+        kind = self.faults.not_a_completion
+        self.stats[f"not_a_completion_{kind}"] += 1
+        if kind == "truncated":
+            return b'{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "te'
+        if kind == "no_choices":
+            return json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
+        error = {"message": "injected: an error inside a 200", "type": "InternalServerError"}
+        return json.dumps({"error": error}).encode()
+
     async def _respond(self, request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
+        bad = self._not_a_completion()
+        if bad is not None:
+            return web.Response(body=bad, content_type="application/json")
         body = json.dumps(payload).encode()
         drop = self.faults.drop_next > 0 or (self.faults.drop_rate and self._random.random() < self.faults.drop_rate)
         if not drop:
@@ -510,6 +532,11 @@ class SimShard:
             self.stats["dropped"] += 1
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        bad = self._not_a_completion()
+        if bad is not None:
+            await response.write(b"data: " + bad + b"\n\n" + sse_event("[DONE]"))
+            await response.write_eof()
+            return response
         for index, chunk in enumerate(chunks):
             if drop and index >= len(chunks) // 2:
                 if request.transport is not None:
