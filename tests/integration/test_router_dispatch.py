@@ -262,3 +262,32 @@ async def test_a_200_that_is_not_a_completion_is_redispatched_and_counts_against
     failed_there = [e for e in events.attempts if e.shard == sick and e.outcome != "success"]
     assert failed_there, "no attempt on the sick shard was counted as failed"
     assert set(events.ejected) == {sick}, "the shard answering 200s that are not completions was not ejected"
+
+
+async def test_requests_past_a_shards_cap_wait_at_the_router_instead_of_storming_it() -> None:
+    """A shard that takes 2 requests at once and answers 429 (Retry-After: 60) past them: the router learns its
+    room from the first 429s and queues the rest, so once learned, no request is refused (no probe is due within the
+    Retry-After) and every request is answered."""
+    async with SimFleet(1, extra_args=("--slow", "0.05")) as fleet, aiohttp.ClientSession() as http:
+        (name,) = fleet.names
+        await fleet.set_faults(name, max_concurrent=2, busy_retry_after_seconds=60)
+        async with routing(StaticShardSource(fleet.shards), Events(), 1) as (router, server):
+
+            async def ask(index: int) -> int:
+                body = {**COMPLETION, "prompt": f"What is {index} + 1?"}
+                async with http.post(server.url + "/v1/completions", json=body) as response:
+                    await within(response.read(), f"answer {index}")
+                    return response.status
+
+            first = await within(asyncio.gather(*(ask(i) for i in range(8))), "the first wave")
+            learned = router.gate.room.limit(name)
+            busy_first = (await fleet.stats(name)).get("errors_429", 0)
+            second = await within(asyncio.gather(*(ask(i) for i in range(16))), "the second wave")
+            stats = await fleet.stats(name)
+
+    assert first == [200] * 8
+    assert second == [200] * 16
+    assert busy_first >= 1, "the shard never refused a request: its cap was never reached"
+    assert learned == 2
+    assert stats.get("errors_429", 0) == busy_first, "requests were sent past the learned room"
+    assert stats["max_generating"] == 2

@@ -35,6 +35,7 @@ from typing import Final
 import aiohttp
 from yarl import URL
 
+from rollout_runtime import http_verdicts
 from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, RolloutTimeout, http_status_is_infra
 from rollout_runtime.generation import judge_completion, judge_stream_start
 from rollout_runtime.redaction import redact_url, redirect_message, safe_message
@@ -197,7 +198,10 @@ async def _check_status(reply: aiohttp.ClientResponse, where: str, limit: int) -
         raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
     body = await _read_bounded(reply, limit, where)
     if http_status_is_infra(status):
-        raise GenerationUnavailable(safe_message(f"{where} answered HTTP {status}"), status=status)
+        retry_after = http_verdicts.retry_after_seconds(reply.headers)
+        raise GenerationUnavailable(
+            safe_message(f"{where} answered HTTP {status}"), status=status, retry_after=retry_after
+        )
     content_type = reply.headers.get("Content-Type") or "application/json"
     raise ShardRejected(f"{where} answered HTTP {status}", status=status, body=body, content_type=content_type)
 

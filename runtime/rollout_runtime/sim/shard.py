@@ -17,9 +17,9 @@ else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enfo
 
 Faults (:class:`SimFaults`), settable by flags and at run time: hang (accept, never answer, until lifted), slow
 (added latency), errors by status (a rate, or a deterministic burst of the next N requests), connection dropped
-mid-response (a rate, or the next N), 200s that are not completions (the next N), serving the wrong model, an
-unhealthy ``/health``, flapping, and crash (the process exits at once, or after N generation requests). Errors are
-JSON in vLLM's shape; a request never sees a stack trace.
+mid-response (a rate, or the next N), 200s that are not completions (the next N), a concurrency cap answered with
+429 and Retry-After, serving the wrong model, an unhealthy ``/health``, flapping, and crash (the process exits at
+once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack trace.
 """
 
 from __future__ import annotations
@@ -93,6 +93,11 @@ class SimFaults(BaseModel):
     """Exit the process on the Nth generation request from now, without answering it."""
     token_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Pause between streamed chunks (``stream: true``), so a stream is in progress long enough to be stopped."""
+    max_concurrent: Annotated[int, Field(ge=1)] | None = None
+    """Generation requests it serves at once; one more is answered 429 with ``Retry-After`` at once (a server that
+    caps its concurrency instead of queueing)."""
+    busy_retry_after_seconds: Annotated[int, Field(ge=0, le=3600)] = 1
+    """The ``Retry-After`` of those 429s."""
     not_a_completion_next: Annotated[int, Field(ge=0)] = 0
     """The next N generation requests are answered 200 with a body that is not a completion (``not_a_completion``);
     a stream's first event is that body, then ``data: [DONE]``."""
@@ -252,6 +257,7 @@ class SimShard:
         self._clock = clock
         self._requests_until_crash = self.faults.crash_after_requests
         self._faults_set_at = self._clock()
+        self._generating = 0
         self.weight_version = config.weight_version
         self.started_at = time.time()
 
@@ -267,7 +273,7 @@ class SimShard:
         return self.faults.wrong_model or self.config.model
 
     def app(self) -> web.Application:
-        middlewares = [self._errors_as_json, self._weight_version_header]
+        middlewares = [self._errors_as_json, self._weight_version_header, self._capped]
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -300,6 +306,26 @@ class SimShard:
         except Exception:
             log.exception("sim shard: unexpected error in %s %s", request.method, request.path)
             return error_response(500, "internal error in the simulated shard")
+
+    @web.middleware
+    async def _capped(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """``max_concurrent``: a generation request past the cap is answered 429 at once (counted)."""
+        if not request.path.startswith("/v1/") or request.method != "POST":
+            return await handler(request)
+        cap = self.faults.max_concurrent
+        if cap is not None and self._generating >= cap:
+            self.stats["errors_429"] += 1
+            busy = error_response(429, f"injected fault: {cap} requests in flight")
+            busy.headers["Retry-After"] = str(self.faults.busy_retry_after_seconds)
+            return busy
+        self._generating += 1
+        self.stats["max_generating"] = max(self.stats["max_generating"], self._generating)
+        try:
+            return await handler(request)
+        finally:
+            self._generating -= 1
 
     async def _wait_if_hung(self) -> None:
         while self.faults.hang:
