@@ -369,6 +369,12 @@ class Nginx:
             raise
         return self
 
+    @property
+    def pid(self) -> int:
+        """The nginx master's pid (its workers are its children)."""
+        assert self._process is not None, "use Nginx as `async with Nginx(...)`"
+        return self._process.pid
+
     async def __aexit__(self, *exc_info: object) -> None:
         if self._process is not None:
             await _stop(self._process, signal.SIGQUIT)  # graceful; SIGKILL after 5 s

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "rss_mib"]
+__all__ = ["cpu_seconds", "process_tree", "rss_mib"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -21,3 +21,13 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (/proc/<pid>/task/*/children): an nginx master and its workers."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for child in children:
+            found.extend(process_tree(int(child)))
+    return found

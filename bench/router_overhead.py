@@ -6,10 +6,11 @@ the shards round-robin itself), nginx (bench/_peers.py's config), the least an a
 probing). The same client sends the same prompts through each at C concurrent requests, each prompt once, in
 interleaved rounds (6 by default; nginx and the router run back to back, and every other round runs the fronts in
 reverse order, so that drift of the machine cancels instead of favouring one front). Reported per front, as medians
-over the rounds: p50/p99 latency, requests per second, the CPU time per request of the two Python fronts' processes
-and of the sim shards' (from /proc); then the router's added p50 over nginx (target <= 1 ms) and its throughput as a
-share of nginx's (target >= 0.5x), each per round and their median, and its CPU per request against the aiohttp
-floor's.
+over the rounds: p50/p99 latency, requests per second, the CPU time per request of each front's processes (nginx:
+master and worker) and of the sim shards' (from /proc); then the router's added p50 over direct (target <= 1 ms with
+shards that take 0.2 s, ``--latency 0.2``) and over nginx, its throughput and CPU per request as shares of nginx's
+(no target: past one core the router scales by replicas), each per round and their median, and the same against
+the aiohttp floor's.
 
 The client is bench/loadgen (Go; ``--client python`` for this script's aiohttp client instead). A Python client
 costs about as much CPU per request as the Python fronts it measures, on the same two cores, and its own queue of
@@ -46,7 +47,7 @@ import aiohttp
 from _aiohttp_floor import READY as FLOOR_READY
 from _loadgen import loadgen
 from _peers import Nginx, ProxySettings
-from _proc import cpu_seconds
+from _proc import cpu_seconds, process_tree
 from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
 
@@ -61,11 +62,17 @@ class Result:
     rps: float
     errors: int
     cpu_us: float | None
-    """The front's process CPU time (user + system) per request, in microseconds; None for nginx and direct."""
+    """The front's processes' CPU time (user + system) per request, in microseconds (nginx: master and worker);
+    None for direct."""
     shards_cpu_us: float
     """The sim shards' CPU time per request, all of them together, in microseconds."""
     client_cpu_us: float
     """The client's CPU time per request, in microseconds."""
+
+
+def _median(values: Sequence[float]) -> float:
+    """The median; nan for no values (a CPU time too small for the clock's ticks in a smoke run)."""
+    return median(values) if values else float("nan")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -97,13 +104,13 @@ async def drive(
     concurrency: int,
     *,
     client: str,
-    front_pid: int | None = None,
+    front_pids: Sequence[int] = (),
     shard_pids: Sequence[int] = (),
 ) -> Result:
     """``requests`` completions, ``concurrency`` at a time, spread round-robin over ``urls``, sent by ``client``
-    ("go" or "python"); the CPU time per request of ``front_pid`` (the front's process), of ``shard_pids`` together
+    ("go" or "python"); the CPU time per request of ``front_pids`` (the front's processes), of ``shard_pids`` together
     and of the client is reported."""
-    pids = [*([front_pid] if front_pid is not None else []), *shard_pids]
+    pids = [*front_pids, *shard_pids]
     cpu = [cpu_seconds(pid) for pid in pids]
     client_started = _client_cpu(client)
     if client == "go":
@@ -113,7 +120,8 @@ async def drive(
         p50, p99, rps, errors = await drive_python(urls, requests, concurrency)
     client_us = (_client_cpu(client) - client_started) / (requests + concurrency) * 1e6  # with the warm-up's
     spent = [(cpu_seconds(pid) - before) / requests * 1e6 for pid, before in zip(pids, cpu, strict=True)]
-    front_us = spent.pop(0) if front_pid is not None else None
+    front_us = sum(spent[: len(front_pids)]) if front_pids else None
+    del spent[: len(front_pids)]
     return Result(front, p50, p99, rps, errors, front_us, sum(spent), client_us)
 
 
@@ -178,19 +186,19 @@ async def main_async(
                     if response.status == 200 and (await response.json())["routable"] == shards:
                         break
                 await asyncio.sleep(0.05)
-        fronts: list[tuple[str, list[str], int | None]] = [
-            ("none (direct)", urls, None),
-            ("nginx", [nginx.url], None),
-            ("router", [router.url], router.pid),
-            ("aiohttp floor", [floor_url], floor_pid),
+        fronts: list[tuple[str, list[str], list[int]]] = [
+            ("none (direct)", urls, []),
+            ("nginx", [nginx.url], process_tree(nginx.pid)),
+            ("router", [router.url], [router.pid]),
+            ("aiohttp floor", [floor_url], [floor_pid]),
         ]
         runs: dict[str, list[Result]] = {name: [] for name, _, _ in fronts}
         for index in range(rounds):
             # Interleaved, nginx and the router back to back and every other round in reverse (ABBA): the drift of
             # the machine between the two fronts compared cancels over the rounds instead of adding to one side.
-            for name, targets, pid in fronts if index % 2 == 0 else fronts[::-1]:
+            for name, targets, pids in fronts if index % 2 == 0 else fronts[::-1]:
                 result = await drive(
-                    name, targets, requests, concurrency, client=client, front_pid=pid, shard_pids=shard_pids
+                    name, targets, requests, concurrency, client=client, front_pids=pids, shard_pids=shard_pids
                 )
                 runs[name].append(result)
     sender = "bench/loadgen (Go)" if client == "go" else "aiohttp in this process"
@@ -208,26 +216,29 @@ async def main_async(
         shards_cpu, client_us = median([r.shards_cpu_us for r in results]), median([r.client_cpu_us for r in results])
         print(f"{name:16} {p50:8.2f} {p99:8.2f} {rps:8.0f} {errors:7d} {cpu} {shards_cpu:14.0f} {client_us:14.0f}")
 
-    def ratios(front: str) -> tuple[list[float], list[float]]:
-        """Per round: the front's added p50 over nginx's (ms) and its throughput as a share of nginx's."""
-        pairs = list(zip(runs[front], runs["nginx"], strict=True))
-        return [f.p50_ms - n.p50_ms for f, n in pairs], [f.rps / n.rps for f, n in pairs]
+    def per_round(front: str, against: str) -> tuple[list[float], list[float], list[float]]:
+        """Per round: the front's added p50 over ``against``'s (ms), its throughput and its CPU per request as
+        shares of ``against``'s (CPU: only where both were measured)."""
+        pairs = list(zip(runs[front], runs[against], strict=True))
+        cpu = [f.cpu_us / a.cpu_us for f, a in pairs if f.cpu_us and a.cpu_us]
+        return [f.p50_ms - a.p50_ms for f, a in pairs], [f.rps / a.rps for f, a in pairs], cpu
 
     def rounds_of(values: list[float], spec: str) -> str:
         return ", ".join(format(value, spec) for value in values)
 
-    added, shares = ratios("router")
+    over_direct, _, _ = per_round("router", "none (direct)")
+    added, shares, cpu_shares = per_round("router", "nginx")
     print(
-        f"\n{MARKER}: added p50 {median(added):+.2f} ms (target <= 1 ms; rounds {rounds_of(added, '+.2f')}), "
-        f"throughput {median(shares):.2f}x nginx's (target >= 0.5x; rounds {rounds_of(shares, '.2f')}), "
-        f"at {concurrency} concurrent"
+        f"\n{MARKER}: added p50 {_median(over_direct):+.2f} ms over direct (target <= 1 ms; rounds "
+        f"{rounds_of(over_direct, '+.2f')}), {_median(added):+.2f} ms over nginx; throughput {_median(shares):.2f}x "
+        f"nginx's (rounds {rounds_of(shares, '.2f')}); CPU per request {_median(cpu_of('router')):.0f} us, "
+        f"{_median(cpu_shares):.2f}x nginx's {_median(cpu_of('nginx')):.0f} us; at {concurrency} concurrent"
     )
-    floor_added, floor_shares = ratios("aiohttp floor")
-    router_cpu, floor_cpu = cpu_of("router"), cpu_of("aiohttp floor")
+    _, floor_shares, _ = per_round("aiohttp floor", "nginx")
+    floor_added, _, floor_cpu = per_round("router", "aiohttp floor")
     print(
-        f"the aiohttp floor: added p50 {median(floor_added):+.2f} ms, throughput {median(floor_shares):.2f}x "
-        f"nginx's; the router's CPU per request {median(router_cpu) / median(floor_cpu):.2f}x the floor's "
-        f"({median(router_cpu) - median(floor_cpu):+.0f} us)"
+        f"the aiohttp floor: throughput {_median(floor_shares):.2f}x nginx's; the router's added p50 over it "
+        f"{_median(floor_added):+.2f} ms, its CPU per request {_median(floor_cpu):.2f}x the floor's"
     )
 
 
