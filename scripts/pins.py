@@ -71,6 +71,14 @@ def versions() -> dict[str, str]:
     return pins
 
 
+def command(*argv: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a registry tool (apt, dpkg, go); a machine without it gets a PinError naming it, not a traceback."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=cwd)
+    except FileNotFoundError:
+        raise PinError(f"{argv[0]} is not installed (pinned tools come from Debian packages and Go modules)") from None
+
+
 # --- Debian ---------------------------------------------------------------------------------------------------
 
 
@@ -89,7 +97,7 @@ def is_revision_of(revision: str, upstream: str) -> bool:
 
 def dpkg_newer(a: str, b: str) -> bool:
     """Debian's own version order (``dpkg --compare-versions``): no home-made comparison of ``~``, ``+`` and epochs."""
-    return subprocess.run(["dpkg", "--compare-versions", a, "gt", b], check=False).returncode == 0
+    return command("dpkg", "--compare-versions", a, "gt", b).returncode == 0
 
 
 def newest_revision(package: str, upstream: str, served: Iterable[str], newer: Callable[[str, str], bool]) -> str:
@@ -107,13 +115,13 @@ def newest_revision(package: str, upstream: str, served: Iterable[str], newer: C
 
 def madison(package: str) -> list[str]:
     """The versions of ``package`` in the machine's apt lists, newest source first."""
-    out = subprocess.run(["apt-cache", "madison", package], capture_output=True, text=True, check=False).stdout
+    out = command("apt-cache", "madison", package).stdout
     return [fields[1].strip() for line in out.splitlines() if len(fields := line.split("|")) >= 3]
 
 
 def refresh_apt_lists() -> None:
     """``apt-get update``: a fresh machine may have no lists, an old one lists revisions the archive has dropped."""
-    done = subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True, check=False)
+    done = command("apt-get", "update", "-qq")
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise PinError(f"apt-get update failed: {last}")
@@ -131,13 +139,7 @@ def deb_resolve(wanted: dict[str, str]) -> dict[str, str]:
 
 def deb_uri(package: str, revision: str) -> str:
     """Where apt would download this revision from (``apt-get download --print-uris``; nothing is downloaded)."""
-    done = subprocess.run(
-        ["apt-get", "download", "--print-uris", f"{package}={revision}"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tempfile.gettempdir(),
-    )
+    done = command("apt-get", "download", "--print-uris", f"{package}={revision}", cwd=tempfile.gettempdir())
     match = re.match(r"'([^']+)'", done.stdout.strip())
     if done.returncode != 0 or not match:
         raise PinError(f"{package} {revision}: apt cannot locate it ({done.stderr.strip() or done.stdout.strip()})")
@@ -205,7 +207,10 @@ def check_debian(wanted: dict[str, str]) -> list[Result]:
 def go_proxy() -> str:
     """The first proxy of ``go env GOPROXY`` (the module proxy protocol is plain HTTPS GETs). The check asks it
     directly rather than ``go list -m``, which answers from the local module cache once a module is there."""
-    proxies = subprocess.run(["go", "env", "GOPROXY"], capture_output=True, text=True, check=False).stdout.strip()
+    try:
+        proxies = command("go", "env", "GOPROXY").stdout.strip()
+    except PinError:  # no Go yet: install-tools.sh will say so; the modules can still be checked
+        proxies = ""
     proxy = next((p for p in re.split(r"[,|]", proxies) if p not in {"", "direct", "off"}), "https://proxy.golang.org")
     return proxy.rstrip("/")
 
