@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, selector_matches
-from fleet_operator.models import (
+from rollout_runtime.kube.api import (
     EnvironmentServerPods,
     EnvironmentServerSpec,
     GenerationShardSpec,

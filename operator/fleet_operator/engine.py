@@ -62,7 +62,6 @@ from fleet_operator.discovery import (
 )
 from fleet_operator.kube import KubeApi, StatusWriteError, WriteOutcome
 from fleet_operator.metrics import FleetMetrics
-from fleet_operator.models import RefitRecord, RolloutFleetStatus, ShardStatus
 from fleet_operator.records import (
     FleetKey,
     FleetRecord,
@@ -91,6 +90,7 @@ from rollout_runtime.health import (
     Transition,
 )
 from rollout_runtime.kube import kinds
+from rollout_runtime.kube.api import RefitRecord, RolloutFleetStatus, ShardStatus
 from rollout_runtime.kube.errors import api_error_is_transient
 
 __all__ = ["PLURALS", "ROLLOUT_FLEET", "FleetEngine", "TargetKey"]

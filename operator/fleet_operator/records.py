@@ -18,15 +18,15 @@ from pydantic import ValidationError
 
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, ROLLOUT_FLEET, Member, resolve_endpoint
 from fleet_operator.discovery import PodMember, target_name
-from fleet_operator.models import (
+from fleet_operator.schedule import WriteState
+from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget, ProbeTargetPolicy
+from rollout_runtime.kube.api import (
     EnvironmentServerSpec,
     GenerationShardSpec,
     RolloutFleetSpec,
     RolloutFleetStatus,
     ShardStatus,
 )
-from fleet_operator.schedule import WriteState
-from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget, ProbeTargetPolicy
 from rollout_runtime.redaction import safe_message
 
 __all__ = [

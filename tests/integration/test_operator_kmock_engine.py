@@ -16,9 +16,9 @@ import pytest
 
 from fleet_operator.engine import FleetEngine
 from fleet_operator.kube import KubeClient
-from fleet_operator.models import API_VERSION
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HealthPhase, ProbeReason, ProbeResult, ProbeSettings
+from rollout_runtime.kube.api import API_VERSION
 from rollout_runtime.kube.config import load_client_configuration
 from support.kmockfix import VersionedKubernetesEmulator
 
