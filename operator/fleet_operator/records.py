@@ -99,8 +99,8 @@ class TargetRecord(Record):
     member: str | None = None
     """A pod member's name in the healthy set (its pod's name)."""
     instance: str | None = None
-    """A pod member's instance identity (:func:`fleet_operator.discovery.instance_identity`); set only by the
-    engine's ``_observe_instance``."""
+    """A pod member's instance identity (:func:`fleet_operator.discovery.instance_identity`); set only by
+    ``PodMembership._observe_instance``."""
 
     @property
     def derived(self) -> bool:
@@ -118,6 +118,10 @@ class FleetRecord(Record):
     invalid: str | None = None
     dirty_since: float | None = None
     """Loop time of the first change not yet written (the start of the coalescing window)."""
+
+    @property
+    def key(self) -> FleetKey:
+        return FleetKey(self.namespace, self.name)
 
 
 @dataclass(frozen=True)

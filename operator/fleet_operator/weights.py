@@ -1,4 +1,4 @@
-"""The trainer's PolicyVersion objects, read and decided on: pure (no I/O; the engine applies the decisions).
+"""The trainer's PolicyVersion objects, read and decided on: pure (no I/O; :mod:`fleet_operator.refits` applies them).
 
 One PolicyVersion per RolloutFleet (same name, same namespace) carries the trainer's policy version and its refits
 (shard, version, the instance identity the refit landed on). The trainer may write only that kind (its chart Role),

@@ -1,4 +1,4 @@
-"""kopf handlers for EnvironmentServers: every watch event goes to the engine."""
+"""kopf handlers for EnvironmentServers: each watch event is an upsert or a delete of a target."""
 
 from __future__ import annotations
 
@@ -6,13 +6,21 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.handlers.common import apply_event
+from fleet_operator.engine import FleetEngine
+from fleet_operator.handlers.common import watched
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ENVIRONMENT_SERVER.plural, registry=registry)
+    server = kinds.ENVIRONMENT_SERVER
+
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, server.plural, registry=registry)
     async def environment_server_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, kinds.ENVIRONMENT_SERVER.kind, event)
+        engine: FleetEngine = memo.engine
+        seen = watched(event)
+        if seen.deleted:
+            await engine.delete_target(server.kind, seen.namespace, seen.name)
+        else:
+            await engine.upsert_target(server.kind, seen.body)

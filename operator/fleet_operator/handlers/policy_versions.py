@@ -1,4 +1,5 @@
-"""kopf handlers for PolicyVersions (the trainer's policy version and refits): every watch event goes to the engine."""
+"""kopf handlers for PolicyVersions (the trainer's policy version and refits): each watch event is an upsert or a
+deletion of a fleet's PolicyVersion."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import kopf
 
+from fleet_operator.engine import FleetEngine
+from fleet_operator.handlers.common import watched
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
@@ -14,9 +17,9 @@ __all__ = ["register"]
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.POLICY_VERSION.plural, registry=registry)
     async def policy_version_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        body: dict[str, Any] = dict(event.get("object") or {})
-        meta = body.get("metadata") or {}
-        if event.get("type") == "DELETED":
-            memo.engine.forget_policy_version(meta.get("namespace", ""), meta.get("name", ""))
+        engine: FleetEngine = memo.engine
+        seen = watched(event)
+        if seen.deleted:
+            engine.forget_policy_version(seen.namespace, seen.name)
         else:
-            await memo.engine.upsert_policy_version(body)
+            await engine.upsert_policy_version(seen.body)
