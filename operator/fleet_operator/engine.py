@@ -3,7 +3,7 @@
 Each kind's kopf handler (:mod:`fleet_operator.handlers`) calls the matching method here: ``upsert_target`` /
 ``delete_target`` (GenerationShards and EnvironmentServers), ``upsert_fleet`` / ``delete_fleet``, ``upsert_pod`` /
 ``delete_pod`` and ``upsert_endpoint_slice`` / ``delete_endpoint_slice``, ``upsert_policy_version`` /
-``forget_policy_version``. The parts, each readable on its own:
+``delete_policy_version``. The parts, each readable on its own:
 
 - :class:`~fleet_operator.targets.Targets`: the records and the runtime's HealthMonitor that probes them (the one
   probe + hysteresis implementation), the state every other part changes through it;
@@ -129,26 +129,23 @@ class FleetEngine:
 
     async def upsert_pod(self, body: Mapping[str, Any]) -> None:
         await self._members.upsert_pod(body)
-        self._targets.wake.set()
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: the members it was go with it."""
         await self._members.delete_pod(namespace, name)
-        self._targets.wake.set()
 
     async def upsert_endpoint_slice(self, body: Mapping[str, Any]) -> None:
         await self._members.upsert_endpoint_slice(body)
-        self._targets.wake.set()
 
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
+        """An EndpointSlice was deleted: the members it listed go with it (unless another slice lists them)."""
         await self._members.delete_endpoint_slice(namespace, name)
-        self._targets.wake.set()
 
     async def upsert_policy_version(self, body: Mapping[str, Any]) -> None:
         """A fleet's PolicyVersion was listed, added or modified (see :class:`RefitApplication`)."""
         await self._refits.upsert(body)
 
-    def forget_policy_version(self, namespace: str, name: str) -> None:
+    async def delete_policy_version(self, namespace: str, name: str) -> None:
         """A fleet's PolicyVersion was deleted: the fleet publishes no policy version (every answer commits)."""
         self._refits.forget(namespace, name)
 

@@ -63,23 +63,28 @@ class PodMembership:
     async def upsert_pod(self, body: Mapping[str, Any]) -> None:
         pod = observe_pod(body)
         self._pods.setdefault(pod.namespace, {})[pod.name] = pod
-        await self.sync(pod.namespace, pod=pod.name)
+        await self._changed(pod.namespace, pod=pod.name)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         self._pods.get(namespace, {}).pop(name, None)
-        await self.sync(namespace, pod=name)
+        await self._changed(namespace, pod=name)
 
     async def upsert_endpoint_slice(self, body: Mapping[str, Any]) -> None:
         view = observe_endpoint_slice(body)
         previous = self._slices.setdefault(view.namespace, {}).get(view.name)
         self._slices[view.namespace][view.name] = view
         services = {name for name in (view.service, previous.service if previous else None) if name is not None}
-        await self.sync(view.namespace, services=services)
+        await self._changed(view.namespace, services=services)
 
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         gone = self._slices.get(namespace, {}).pop(name, None)
         services = {gone.service} if gone is not None and gone.service is not None else set()
-        await self.sync(namespace, services=services)
+        await self._changed(namespace, services=services)
+
+    async def _changed(self, namespace: str, *, pod: str | None = None, services: set[str] | None = None) -> None:
+        """A table changed: sync the members it may change, and wake the writer."""
+        await self.sync(namespace, pod=pod, services=services)
+        self._targets.wake.set()
 
     async def sync(
         self,

@@ -53,7 +53,7 @@ def _handlers() -> dict[str, Any]:
             ("delete_target", ("EnvironmentServer",)),
         ),
         ("rolloutfleets", ("upsert_fleet", (BODY,)), ("delete_fleet", ())),
-        ("policyversions", ("upsert_policy_version", (BODY,)), ("forget_policy_version", ())),
+        ("policyversions", ("upsert_policy_version", (BODY,)), ("delete_policy_version", ())),
         ("pods", ("upsert_pod", (BODY,)), ("delete_pod", ())),
         ("endpointslices", ("upsert_endpoint_slice", (BODY,)), ("delete_endpoint_slice", ())),
     ],

@@ -1,28 +1,26 @@
-"""What every kind's handler reads of a watch event: the object, where it is, and whether it was deleted."""
+"""What every kind's handler does with a watch event: an upsert for a listed, added or modified object, a delete for
+a deleted one (kopf re-lists after 410 Gone: upserts are idempotent)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
 
-__all__ = ["Watched", "watched"]
+__all__ = ["Delete", "Upsert", "apply"]
+
+Upsert = Callable[[Mapping[str, Any]], Awaitable[None]]
+"""The engine's method taking the object (``FleetEngine.upsert_fleet``...)."""
+Delete = Callable[[str, str], Awaitable[None]]
+"""The engine's method taking the deleted object's namespace and name (``FleetEngine.delete_fleet``...)."""
 
 
-@dataclass(frozen=True)
-class Watched:
-    """One watch event's object. Listed, added and modified are upserts (kopf re-lists after 410 Gone: upserts are
-    idempotent); deleted is a delete."""
-
-    body: dict[str, Any]
-    namespace: str
-    name: str
-    deleted: bool
-
-
-def watched(event: kopf.RawEvent) -> Watched:
-    """The event's object, namespace and name (empty when absent), and whether it is a deletion. Pure."""
+async def apply(event: kopf.RawEvent, *, upsert: Upsert, delete: Delete) -> None:
+    """Call ``delete(namespace, name)`` for a DELETED event, ``upsert(object)`` for any other."""
     body: dict[str, Any] = dict(event.get("object") or {})
-    meta = body.get("metadata") or {}
-    return Watched(body, meta.get("namespace", ""), meta.get("name", ""), event.get("type") == "DELETED")
+    if event.get("type") == "DELETED":
+        meta = body.get("metadata") or {}
+        await delete(meta.get("namespace", ""), meta.get("name", ""))
+    else:
+        await upsert(body)

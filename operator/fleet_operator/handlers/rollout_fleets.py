@@ -1,4 +1,4 @@
-"""kopf handlers for RolloutFleets: each watch event is an upsert or a delete of a fleet."""
+"""kopf handlers for RolloutFleets: a fleet's upsert or delete, for each watch event."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 
 from fleet_operator.engine import FleetEngine
-from fleet_operator.handlers.common import watched
+from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
@@ -17,8 +17,4 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ROLLOUT_FLEET.plural, registry=registry)
     async def rollout_fleet_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         engine: FleetEngine = memo.engine
-        seen = watched(event)
-        if seen.deleted:
-            await engine.delete_fleet(seen.namespace, seen.name)
-        else:
-            await engine.upsert_fleet(seen.body)
+        await apply(event, upsert=engine.upsert_fleet, delete=engine.delete_fleet)
