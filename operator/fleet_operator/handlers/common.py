@@ -3,12 +3,15 @@ a deleted one (kopf re-lists after 410 Gone: upserts are idempotent)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
 
-__all__ = ["Delete", "Upsert", "apply"]
+from rollout_runtime.kube import kinds
+
+__all__ = ["Delete", "Upsert", "apply", "register_target"]
 
 Upsert = Callable[[Mapping[str, Any]], Awaitable[None]]
 """The engine's method taking the object (``FleetEngine.upsert_fleet``...)."""
@@ -24,3 +27,16 @@ async def apply(event: kopf.RawEvent, *, upsert: Upsert, delete: Delete) -> None
         await delete(meta.get("namespace", ""), meta.get("name", ""))
     else:
         await upsert(body)
+
+
+def register_target(registry: kopf.OperatorRegistry, target: kinds.KindNames) -> None:
+    """The handler of a kind whose objects are probe targets (GenerationShard, EnvironmentServer): the engine's
+    ``upsert_target`` / ``delete_target`` for that kind."""
+
+    @kopf.on.event(kinds.GROUP, kinds.VERSION, target.plural, registry=registry, id=f"{target.singular}_event")
+    async def target_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        await apply(
+            event,
+            upsert=functools.partial(memo.engine.upsert_target, target.kind),
+            delete=functools.partial(memo.engine.delete_target, target.kind),
+        )

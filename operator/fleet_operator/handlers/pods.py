@@ -11,7 +11,6 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.engine import FleetEngine
 from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
@@ -23,10 +22,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event(pod.group, pod.version, pod.plural, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        engine: FleetEngine = memo.engine
-        await apply(event, upsert=engine.upsert_pod, delete=engine.delete_pod)
+        await apply(event, upsert=memo.engine.upsert_pod, delete=memo.engine.delete_pod)
 
     @kopf.on.event(endpoint_slice.group, endpoint_slice.version, endpoint_slice.plural, registry=registry)
     async def endpoint_slice_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        engine: FleetEngine = memo.engine
-        await apply(event, upsert=engine.upsert_endpoint_slice, delete=engine.delete_endpoint_slice)
+        await apply(event, upsert=memo.engine.upsert_endpoint_slice, delete=memo.engine.delete_endpoint_slice)

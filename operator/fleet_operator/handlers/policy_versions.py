@@ -7,7 +7,6 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.engine import FleetEngine
 from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
@@ -17,5 +16,4 @@ __all__ = ["register"]
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.POLICY_VERSION.plural, registry=registry)
     async def policy_version_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        engine: FleetEngine = memo.engine
-        await apply(event, upsert=engine.upsert_policy_version, delete=engine.delete_policy_version)
+        await apply(event, upsert=memo.engine.upsert_policy_version, delete=memo.engine.delete_policy_version)

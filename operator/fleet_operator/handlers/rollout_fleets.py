@@ -6,7 +6,6 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.engine import FleetEngine
 from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
@@ -16,5 +15,4 @@ __all__ = ["register"]
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ROLLOUT_FLEET.plural, registry=registry)
     async def rollout_fleet_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        engine: FleetEngine = memo.engine
-        await apply(event, upsert=engine.upsert_fleet, delete=engine.delete_fleet)
+        await apply(event, upsert=memo.engine.upsert_fleet, delete=memo.engine.delete_fleet)
