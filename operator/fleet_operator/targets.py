@@ -10,7 +10,6 @@ the drain flags and the fleets to rewrite follow each change in one place; the p
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -19,8 +18,6 @@ from fleet_operator.records import FleetKey, FleetObservation, Records, TargetKe
 from rollout_runtime.health import HealthMonitor, HealthState, ProbeTarget, Transition
 
 __all__ = ["Targets"]
-
-log = logging.getLogger(__name__)
 
 
 class Targets:
