@@ -1072,26 +1072,41 @@ class Dispatcher:
     ) -> Any:
         """``rollout(shard, prompt)``, watched for progress when the policy asks: the rollout reports tokens through
         :func:`~rollout_runtime.dispatch.progress.report_progress`; a quiet spell past the deadline ends the call
-        with TimeoutError and sets ``record.stalled``."""
+        with TimeoutError and sets ``record.stalled``. The first token moves the check to the gap rule's due time, so
+        a stream that stalls after a few tokens is judged by the shard's inter-token gaps, not its first-token
+        allowance (the cap while the shard has few first-token timings)."""
         if watch is None or not self.policy.progress_watchdog:
             return await run.rollout(slot.shard, state.prompt)
         loop, now = self._loop, self.clock.monotonic
         quiet = asyncio.timeout(None)
         handle: asyncio.TimerHandle | None = None
+        checks_at = math.inf
+
+        def schedule(moment: float) -> None:
+            nonlocal handle, checks_at
+            if handle is not None:
+                handle.cancel()
+            checks_at = watch.due()
+            handle = loop.call_later(checks_at - moment, check)
 
         def check() -> None:
-            nonlocal handle
             moment = now()
             if watch.stalled(moment):
                 record.stalled = watch.allowed
                 quiet.reschedule(loop.time())
             else:
-                handle = loop.call_later(watch.due() - moment, check)
+                schedule(moment)
 
-        token = bind_progress(lambda tokens: watch.progress(now(), tokens))
+        def progressed(tokens: int) -> None:
+            moment = now()
+            watch.progress(moment, tokens)
+            if watch.due() < checks_at:  # the first token: from now on the gap rule, often far tighter, applies
+                schedule(moment)
+
+        token = bind_progress(progressed)
         try:
             async with quiet:
-                handle = loop.call_later(watch.allowed, check)
+                schedule(now())
                 return await run.rollout(slot.shard, state.prompt)
         finally:
             unbind_progress(token)
