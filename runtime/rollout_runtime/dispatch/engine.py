@@ -53,7 +53,7 @@ from rollout_runtime.dispatch import blame
 from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.attempt import INTERRUPTS, AttemptEnd, Attempts
 from rollout_runtime.dispatch.clock import Clock, LoopClock
-from rollout_runtime.dispatch.drops import DropCounts, DropKind, FailRun, ReplaceDecision, decide_drop
+from rollout_runtime.dispatch.drops import DropCounts, DropKind
 from rollout_runtime.dispatch.ledger import FailureLedger
 from rollout_runtime.dispatch.outcomes import Completed, DataFailed, DispatchEvent, PromptId, RunStats, Skipped
 from rollout_runtime.dispatch.policy import DispatchPolicy
@@ -69,11 +69,8 @@ from rollout_runtime.dispatch.settle import (
     settle,
 )
 from rollout_runtime.failures import (
-    Diagnosis,
     FailureClass,
     NoHealthyShards,
-    RolloutBatchTooSmall,
-    RolloutDataFailure,
     RolloutFleetMisconfigured,
     RolloutRedispatchExhausted,
     RolloutStall,
@@ -401,10 +398,7 @@ class Dispatcher:
         if refused is None:
             run.requeue(state, delay)
             return
-        self._evidence.forget(state.prompt_id)
-        attempts, shards = state.budget.attempts, tuple(state.tried)
-        outcome = Skipped(state.prompt_id, state.prompt, "RetryRefused", str(refused), attempts, shards)
-        self._give_up(run, state, "infra", outcome, None)
+        self._drop(run, state, "infra", "RetryRefused", str(refused), None)
 
     def _failed(self, run: DispatchRun[Any, Any], state: PromptState, end: AttemptEnd, exc: BaseException) -> None:
         """Record the failure as evidence, settle it, and act on the settlement."""
@@ -412,21 +406,18 @@ class Dispatcher:
         sig = blame.signature(diagnosis, slot.name, slot.shard.endpoint)
         evidence = Evidence(blame.Verdict(blame.Blame.FIRST_VERDICT))
         if sig is not None:
+            healthy, in_flight = self._rotation.slots, self._rotation.in_flight()
             verdict = blame.judge(
                 self._evidence,
                 prompt=state.prompt_id,
                 shard=slot.name,
                 sig=sig,
                 diagnosis=diagnosis,
-                healthy=self._rotation.slots,
-                in_flight=self._rotation.in_flight(),
+                healthy=healthy,
+                in_flight=in_flight,
             )
-            charges = (*state.data_charges, (slot.name, sig))
-            evidence = Evidence(
-                verdict,
-                sick=[charge for charge in charges if self._evidence.judged_sick(*charge)],
-                confirmed=self._evidence.confirmed(state.prompt_id, sig),
-                followed=self._evidence.followed(state.prompt_id, sig),
+            evidence = Evidence.read(
+                self._evidence, verdict, state.prompt_id, sig, (*state.data_charges, (slot.name, sig))
             )
         settled = settle(
             self.policy,
@@ -456,13 +447,10 @@ class Dispatcher:
         if settled.eject and (ejection := self._rotation.eject(slot.name, end.seconds)) is not None:
             run.accounts.ejected(slot.name, ejection)
         if isinstance(action, GiveUpData):
-            self._data_failed(run, state, diagnosis, action.reason, exc=exc)
+            self._drop(run, state, "data", diagnosis.failure_type, action.reason or diagnosis.reason, exc)
         elif isinstance(action, GiveUpExhausted):
             run.accounts.exhausted()
-            self._evidence.forget(state.prompt_id)
-            reason, attempts, shards = diagnosis.reason, state.budget.attempts, tuple(state.tried)
-            outcome = Skipped(state.prompt_id, state.prompt, diagnosis.failure_type, reason, attempts, shards)
-            self._give_up(run, state, "infra", outcome, exc)
+            self._drop(run, state, "infra", diagnosis.failure_type, diagnosis.reason, exc)
         else:
             at_once = action.at_once_elsewhere and self._rotation.elsewhere(slot)
             self._retry(run, state, 0.0 if at_once else action.delay_seconds)
@@ -481,68 +469,26 @@ class Dispatcher:
         log.error("%s", error)
         run.fail_prompt(state, error)
 
-    def _data_failed(
-        self,
-        run: DispatchRun[Any, Any],
-        state: PromptState,
-        diagnosis: Diagnosis,
-        reason: str | None = None,
-        *,
-        exc: BaseException | None = None,
-    ) -> None:
-        kind, reason = diagnosis.failure_type, reason or diagnosis.reason
-        attempts, shards = state.budget.attempts, tuple(state.tried)
-        self._evidence.forget(state.prompt_id)
-        outcome = DataFailed(state.prompt_id, state.prompt, FailureClass.DATA, kind, reason, attempts, shards)
-        self._give_up(run, state, "data", outcome, exc)
-
-    def _give_up(
+    def _drop(
         self,
         run: DispatchRun[Any, Any],
         state: PromptState,
         kind: DropKind,
-        outcome: DataFailed[Any] | Skipped[Any],
+        failure_type: str,
+        reason: str,
         exc: BaseException | None,
     ) -> None:
-        """A budget ran out: report the prompt (and refill its batch position), or end the run (see ``drops``)."""
-        if not run.drop_rules:
-            run.finish(state, outcome)  # an independent request: its outcome is the whole answer
-            return
-        decision = decide_drop(
-            self.policy,
-            self.drops,
-            kind,
-            size=run.size,
-            lost=run.lost,
-            replaced=run.replaced[state.position],
-            reserve_left=len(run.reserve),
-        )
-        if isinstance(decision, FailRun):
-            if kind == "infra":
-                what = f"failed {state.budget.infra_failures} infra attempt(s) on shards {list(outcome.shards)}"
-            else:
-                what = f"data-failed after {outcome.attempts} attempt(s)"
-            text = f"prompt {state.prompt_id!r} {what}; last: {outcome.reason}; {decision.message}"
-            error: Exception
-            if decision.rule == "max_skipped_prompts":
-                error = RolloutDataFailure(text)
-            elif decision.rule == "max_consecutive_dropped_prompts":
-                error = RolloutRedispatchExhausted(text)
-            else:
-                error = RolloutBatchTooSmall(text)
-            error.__cause__ = exc
-            log.error("%s", error)
-            run.fail(error)
-            return
+        """Give the prompt up: data-failed (``kind="data"``) or skipped, under the run's drop rules."""
+        attempts, shards = state.budget.attempts, tuple(state.tried)
+        self._evidence.forget(state.prompt_id)
+        outcome: DataFailed[Any] | Skipped[Any]
         if kind == "data":
-            self.drops.skipped_prompts += 1
+            outcome = DataFailed(
+                state.prompt_id, state.prompt, FailureClass.DATA, failure_type, reason, attempts, shards
+            )
         else:
-            self.drops.consecutive_dropped_prompts += 1
-        if isinstance(decision, ReplaceDecision):
-            run.replace(state)
-        else:
-            run.lost += 1
-        run.finish(state, outcome)
+            outcome = Skipped(state.prompt_id, state.prompt, failure_type, reason, attempts, shards)
+        run.give_up(state, self.drops, kind, outcome, exc)
 
     # -- the shard source ----------------------------------------------------------------------------------------
 

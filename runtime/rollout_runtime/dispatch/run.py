@@ -19,10 +19,16 @@ from rollout_runtime.dispatch import blame
 from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.budget import PromptBudget
 from rollout_runtime.dispatch.clock import Clock
-from rollout_runtime.dispatch.outcomes import Completed, DataFailed, Outcome, PromptId
+from rollout_runtime.dispatch.drops import DropCounts, DropKind, FailRun, ReplaceDecision, decide_drop
+from rollout_runtime.dispatch.outcomes import Completed, DataFailed, Outcome, PromptId, Skipped
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
-from rollout_runtime.failures import RolloutStall
+from rollout_runtime.failures import (
+    RolloutBatchTooSmall,
+    RolloutDataFailure,
+    RolloutRedispatchExhausted,
+    RolloutStall,
+)
 from rollout_runtime.shards.model import Shard
 
 __all__ = ["INITIAL_WORKERS", "DispatchRun", "PromptState", "ReadyQueue", "Rollout", "RunHost", "reserve_prompt_ids"]
@@ -297,6 +303,55 @@ class DispatchRun(Generic[P, R]):
             self.outcomes.put_nowait(_END)
             for _ in self.workers:
                 self.ready.put_nowait(None)
+
+    def give_up(
+        self,
+        state: PromptState,
+        drops: DropCounts,
+        kind: DropKind,
+        outcome: DataFailed[Any] | Skipped[Any],
+        exc: BaseException | None,
+    ) -> None:
+        """A budget ran out: report the prompt (and refill its batch position), or end the run; ``drops`` counts the
+        prompts given up on over every run (see ``drops``)."""
+        if not self.drop_rules:
+            self.finish(state, outcome)  # an independent request: its outcome is the whole answer
+            return
+        decision = decide_drop(
+            self._host.policy,
+            drops,
+            kind,
+            size=self.size,
+            lost=self.lost,
+            replaced=self.replaced[state.position],
+            reserve_left=len(self.reserve),
+        )
+        if isinstance(decision, FailRun):
+            if kind == "infra":
+                what = f"failed {state.budget.infra_failures} infra attempt(s) on shards {list(outcome.shards)}"
+            else:
+                what = f"data-failed after {outcome.attempts} attempt(s)"
+            text = f"prompt {state.prompt_id!r} {what}; last: {outcome.reason}; {decision.message}"
+            error: Exception
+            if decision.rule == "max_skipped_prompts":
+                error = RolloutDataFailure(text)
+            elif decision.rule == "max_consecutive_dropped_prompts":
+                error = RolloutRedispatchExhausted(text)
+            else:
+                error = RolloutBatchTooSmall(text)
+            error.__cause__ = exc
+            log.error("%s", error)
+            self.fail(error)
+            return
+        if kind == "data":
+            drops.skipped_prompts += 1
+        else:
+            drops.consecutive_dropped_prompts += 1
+        if isinstance(decision, ReplaceDecision):
+            self.replace(state)
+        else:
+            self.lost += 1
+        self.finish(state, outcome)
 
     def replace(self, state: PromptState) -> None:
         """Submit the next reserve prompt in ``state``'s batch position (before ``state``'s outcome, so the run

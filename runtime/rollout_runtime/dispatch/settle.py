@@ -20,7 +20,7 @@ nothing while others serve, is charged as infra instead (see ``blame``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from rollout_runtime.dispatch import blame
@@ -106,6 +106,24 @@ class Evidence:
     followed: bool = False
     """This non-transient answer is the only one the prompt got, from two or more shards
     (:meth:`blame.Evidence.followed`)."""
+
+    @classmethod
+    def read(
+        cls,
+        store: blame.Evidence,
+        verdict: blame.Verdict,
+        prompt: Hashable,
+        sig: blame.Signature,
+        charges: Sequence[Charge],
+    ) -> Evidence:
+        """What ``store`` says after ``verdict`` on a failure with ``sig``; ``charges`` are the prompt's data charges
+        with this attempt's."""
+        return cls(
+            verdict,
+            sick=[charge for charge in charges if store.judged_sick(*charge)],
+            confirmed=store.confirmed(prompt, sig),
+            followed=store.followed(prompt, sig),
+        )
 
 
 def settle(
