@@ -41,10 +41,11 @@ log = logging.getLogger("rollout_runtime.dispatch")
 TURN_BUDGET: Final[int] = 2
 """New attempts a shard takes per turn of the event loop while another shard is pickable (see :meth:`Rotation.choose`).
 
-A turn is the unit in which the loop reads the network: an answer from a shard that has just begun failing can only
-steer attempts started in a later turn. One attempt per turn would make every second attempt of a wave wait a turn
-even on a healthy fleet; each attempt above one is an attempt sent to such a shard blind. Two is the least that lets a
-shard take a replacement for the attempt that just left it and a new one in the same turn."""
+A turn is the unit in which the loop reads the network: the first answer of a shard that has just begun failing can
+only steer attempts started in a later turn, so each attempt a shard takes in a turn beyond the first is sent to it
+blind, and the budget bounds those at ``TURN_BUDGET - 1`` per turn. With one, a shard whose answers are read together
+gets the replacements for them one turn apart, each waiting while the shard has room; two lets it take the
+replacement for an answer just read and one more in the same turn, at the cost of one blind attempt."""
 
 
 @dataclass(slots=True, eq=False)

@@ -34,7 +34,9 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 DEFAULT_SESSION_CONCURRENCY: Final[int] = 1024
-"""Attempts in flight at once in a session whose policy leaves ``max_concurrency`` unset."""
+"""Attempts in flight at once in a session whose policy leaves ``max_concurrency`` unset. A session has no batch size
+to bound its workers by, so this bounds the worker tasks it holds; it is above what a fleet of shards with continuous
+batching serves at once, so it limits memory, never throughput."""
 
 
 class SessionClosed(RuntimeError):
