@@ -31,18 +31,27 @@ async def stream_tokens(count: int, gap: float) -> None:
         report_progress()
 
 
-@pytest.mark.looptime
-async def test_a_stream_that_freezes_is_redispatched_at_once_within_its_progress_bound() -> None:
-    frozen = asyncio.Event()
-    froze_on: list[str] = []
+class FreezingStream:
+    """A rollout that streams 10 tokens 10 ms apart; once ``frozen`` is set, the next stream stops after 3 tokens
+    (SIGSTOP-like) and ``froze_on`` names its shard."""
 
-    async def rollout(shard: Shard, prompt: int) -> str:
+    def __init__(self) -> None:
+        self.frozen = asyncio.Event()
+        self.froze_on: list[str] = []
+
+    async def __call__(self, shard: Shard, prompt: object) -> str:
         await stream_tokens(3, 0.01)
-        if frozen.is_set() and not froze_on:
-            froze_on.append(shard.name)
-            await asyncio.Event().wait()  # the shard stopped mid-stream (SIGSTOP-like)
+        if self.frozen.is_set() and not self.froze_on:
+            self.froze_on.append(shard.name)
+            await asyncio.Event().wait()  # the shard stopped mid-stream
         await stream_tokens(7, 0.01)
         return shard.name
+
+
+@pytest.mark.looptime
+async def test_a_stream_that_freezes_is_redispatched_at_once_within_its_progress_bound() -> None:
+    rollout = FreezingStream()
+    frozen, froze_on = rollout.frozen, rollout.froze_on
 
     events: list[DispatchEvent] = []
     loop = asyncio.get_running_loop()
@@ -99,16 +108,8 @@ async def test_a_stream_that_stalls_mid_way_is_judged_by_its_gaps_before_the_fir
     """A few warm-up streams give each shard many inter-token gaps but fewer first-token timings than the deadlines
     need, so the time to the first token is still the cap. Once tokens flow, the quiet time allowed is the gap rule's:
     the frozen stream is abandoned long before the cap, not when the cap's check would have come."""
-    frozen = asyncio.Event()
-    froze_on: list[str] = []
-
-    async def rollout(shard: Shard, prompt: int) -> str:
-        await stream_tokens(3, 0.01)
-        if frozen.is_set() and not froze_on:
-            froze_on.append(shard.name)
-            await asyncio.Event().wait()  # the shard stopped mid-stream
-        await stream_tokens(7, 0.01)
-        return shard.name
+    rollout = FreezingStream()
+    frozen, froze_on = rollout.frozen, rollout.froze_on
 
     events: list[DispatchEvent] = []
     source = StaticShardSource(make_shards("a", "b"))
