@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +52,11 @@ class _Attempt(Lease):
     """The hedge's shard's weights version when the hedge started."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class AttemptEnd:
-    """How one attempt ended: exactly one of a result (``failure`` None, not ``evicted``), a failure, or an eviction."""
+    """How one attempt ended: exactly one of a result (``failure`` None, not ``evicted``), a failure, or an eviction.
+    A value the dispatcher reads once (not frozen: one is made per attempt, and a frozen init costs a call per
+    field)."""
 
     slot: Slot
     """The shard it was started on."""
@@ -104,7 +107,7 @@ class Attempts:
             state.tried.append(slot.name)
         timeout = self._policy.attempt_timeout_seconds
         started = clock()
-        started_version = self.version_of(slot.name)
+        started_version = self._weights.version_of(slot.name) if self._weights is not None else None
         failure: BaseException | None = None
         evicted = False
         result: Any = None
@@ -113,10 +116,10 @@ class Attempts:
         try:
             try:
                 if timeout is None:
-                    result = await self._hedged(rollout, slot, state, record, watch, accounts)
+                    result = await self._watched(rollout, slot, state, record, watch, accounts)
                 else:
                     async with asyncio.timeout(timeout) as deadline:
-                        result = await self._hedged(rollout, slot, state, record, watch, accounts)
+                        result = await self._watched(rollout, slot, state, record, watch, accounts)
             except asyncio.CancelledError as exc:
                 if task.cancelling() <= record.cancelling:
                     failure = exc  # raised by the rollout itself (an inner task's cancellation), not by us: a failure
@@ -178,6 +181,21 @@ class Attempts:
             floor=policy.progress_floor_seconds,
             cap=policy.progress_cap_seconds,
         )
+
+    def _watched(
+        self,
+        rollout: Rollout[Any, Any],
+        slot: Slot,
+        state: PromptState,
+        record: _Attempt,
+        watch: AttemptClock | None,
+        accounts: Accounts,
+    ) -> Awaitable[Any]:
+        """The attempt's call: ``rollout(shard, prompt)`` itself when neither the watchdog nor hedging is on (no
+        frames of ours between the worker and the rollout), otherwise :meth:`_hedged`."""
+        if watch is None:
+            return rollout(slot.shard, state.prompt)
+        return self._hedged(rollout, slot, state, record, watch, accounts)
 
     async def _call(
         self, rollout: Rollout[Any, Any], slot: Slot, state: PromptState, record: _Attempt, watch: AttemptClock | None

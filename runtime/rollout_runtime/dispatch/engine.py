@@ -347,9 +347,12 @@ class Dispatcher:
         self._runs.discard(run)
 
     async def _attempt(self, run: DispatchRun[Any, Any], state: PromptState) -> None:
-        slot = await self._rotation.choose(state.prompt, state.last_failed, state.tried, lambda: run.active)
-        if not run.active:
-            return
+        rotation = self._rotation
+        slot = rotation.pick(state.prompt, state.last_failed, state.tried)
+        if rotation.waits(slot):
+            slot = await rotation.choose(state.prompt, state.last_failed, state.tried, lambda: run.active, slot)
+            if not run.active:
+                return
         if slot is None:
             self._no_shard(run, state)
             return
@@ -379,7 +382,8 @@ class Dispatcher:
             state.last_failed = shard
             self._retry(run, state, 0.0)
             return
-        self._attempts.committed(end)
+        if end.watch is not None:
+            self._attempts.committed(end)
         run.accounts.attempt_ended("success", state.prompt_id, shard, end.seconds)
         self._evidence.succeeded(shard, state.prompt_id)
         self._rotation.served(end.answered_by, started=end.started)

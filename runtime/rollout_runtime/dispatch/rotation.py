@@ -186,18 +186,28 @@ class Rotation:
         other = pick_shard(self._pickable, start=self._cursor, last_failed=slot.name, tried=tried)
         return None if other is slot else other
 
+    def waits(self, slot: Slot | None) -> bool:
+        """Whether an attempt whose :meth:`pick` was ``slot`` must wait (:meth:`choose`) instead of starting now."""
+        return slot is None or ((slot.paced or bool(self._turn_waiters)) and len(self._pickable) > 1)
+
     async def choose(
-        self, prompt: object, last_failed: str | None, tried: Sequence[str], wanted: Callable[[], bool]
+        self,
+        prompt: object,
+        last_failed: str | None,
+        tried: Sequence[str],
+        wanted: Callable[[], bool],
+        picked: Slot | None,
     ) -> Slot | None:
-        """The shard for the next attempt, after pacing and, when none is pickable, the healthy wait; None when no
-        shard became pickable within ``healthy_wait_seconds`` or ``wanted()`` turned false while waiting.
+        """The shard for the next attempt when its :meth:`pick` (``picked``) :meth:`waits`: after pacing and, when
+        none is pickable, the healthy wait; None when no shard became pickable within ``healthy_wait_seconds`` or
+        ``wanted()`` turned false while waiting.
 
         Pacing: while another shard is pickable, a shard takes at most :data:`TURN_BUDGET` new attempts per turn of
         the event loop. Attempts sent together come back together, and least-outstanding replaces each on the shard
         it left; when that shard has just begun answering 503, the whole batch would be sent to it before the loop
         reads the first answer. Waiting a turn lets the loop read the network in between.
         """
-        slot = self.pick(prompt, last_failed, tried)
+        slot = picked
         if slot is not None and (slot.paced or self._turn_waiters) and len(self._pickable) > 1:
             behind = True  # a newcomer queues behind the attempts already waiting for a turn: first come, first served
             while True:
