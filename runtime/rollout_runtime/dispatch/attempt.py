@@ -52,6 +52,18 @@ class _Attempt(Lease):
     """The hedge's shard's weights version when the hedge started."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A watched or hedged attempt's parts, passed down together."""
+
+    rollout: Rollout[Any, Any]
+    slot: Slot
+    state: PromptState
+    record: _Attempt
+    watch: AttemptClock
+    accounts: Accounts
+
+
 @dataclass(slots=True, eq=False)
 class AttemptEnd:
     """How one attempt ended: exactly one of a result (``failure`` None, not ``evicted``), a failure, or an eviction.
@@ -195,17 +207,16 @@ class Attempts:
         frames of ours between the worker and the rollout), otherwise :meth:`_hedged`."""
         if watch is None:
             return rollout(slot.shard, state.prompt)
-        return self._hedged(rollout, slot, state, record, watch, accounts)
+        return self._hedged(_Call(rollout, slot, state, record, watch, accounts))
 
-    async def _call(
-        self, rollout: Rollout[Any, Any], slot: Slot, state: PromptState, record: _Attempt, watch: AttemptClock | None
-    ) -> Any:
+    async def _call(self, call: _Call) -> Any:
         """``rollout(shard, prompt)``, watched for progress when the policy asks: a quiet spell past the deadline ends
-        the call with TimeoutError and sets ``record.stalled``. The check is due when the attempt's clock says; a
-        token that brings that time forward (the first one: the gap rule replaces the first-token allowance, which
+        the call with TimeoutError and sets the record's ``stalled``. The check is due when the attempt's clock says;
+        a token that brings that time forward (the first one: the gap rule replaces the first-token allowance, which
         is the cap while the shard has few first-token timings) moves the check with it."""
-        if watch is None or not self._policy.progress_watchdog:
-            return await rollout(slot.shard, state.prompt)
+        watch, record = call.watch, call.record
+        if not self._policy.progress_watchdog:
+            return await call.rollout(call.slot.shard, call.state.prompt)
         loop, now = self._running_loop(), self._bound_clock().monotonic
         quiet = asyncio.timeout(None)
         handle: asyncio.TimerHandle | None = None
@@ -236,58 +247,42 @@ class Attempts:
         try:
             async with quiet:
                 schedule(now())
-                return await rollout(slot.shard, state.prompt)
+                return await call.rollout(call.slot.shard, call.state.prompt)
         finally:
             unbind_progress(token)
             if handle is not None:
                 handle.cancel()
 
-    async def _hedged(
-        self,
-        rollout: Rollout[Any, Any],
-        slot: Slot,
-        state: PromptState,
-        record: _Attempt,
-        watch: AttemptClock | None,
-        accounts: Accounts,
-    ) -> Any:
+    async def _hedged(self, call: _Call) -> Any:
         """:meth:`_call`, plus opt-in hedging: still running after the shard's p99 latency x ``hedge_factor``, a
         second attempt starts on another shard; the first answer wins and the other is cancelled (wasted)."""
         factor = self._policy.hedge_factor
-        timings = self._timings.get(slot.name)
+        timings = self._timings.get(call.slot.name)
         p99 = timings.latency.quantile(0.99) if factor is not None and timings is not None else None
         if p99 is None or factor is None:
-            return await self._call(rollout, slot, state, record, watch)
-        primary = asyncio.ensure_future(self._call(rollout, slot, state, record, watch))
+            return await self._call(call)
+        primary = asyncio.ensure_future(self._call(call))
         try:
             done, _ = await asyncio.wait({primary}, timeout=p99 * factor)
             if done:
                 return primary.result()
-            other = self._rotation.pick_hedge(slot, state.tried)
+            other = self._rotation.pick_hedge(call.slot, call.state.tried)
             if other is None:
                 return await primary
-            return await self._race(rollout, state, primary, slot, other, record, accounts)
+            return await self._race(call, primary, other)
         finally:
             if not primary.done():
                 primary.cancel()
                 with contextlib.suppress(BaseException):
                     await primary
 
-    async def _race(
-        self,
-        rollout: Rollout[Any, Any],
-        state: PromptState,
-        primary: asyncio.Future[Any],
-        slot: Slot,
-        other: Slot,
-        record: _Attempt,
-        accounts: Accounts,
-    ) -> Any:
+    async def _race(self, call: _Call, primary: asyncio.Future[Any], other: Slot) -> Any:
         """Run the hedge on ``other`` against ``primary``: the first success wins; if one fails, wait for the other;
         if both fail, the primary's failure is the attempt's. The extra attempt is accounted as a cancelled one, on the
         loser's shard (the winner's is the attempt's own outcome)."""
+        state, record, accounts = call.state, call.record, call.accounts
         clock = self._bound_clock().monotonic
-        hedge = asyncio.ensure_future(rollout(other.shard, state.prompt))
+        hedge = asyncio.ensure_future(call.rollout(other.shard, state.prompt))
         hedge_record = Lease(hedge)
         hedge_version = self.version_of(other.name)
         self._rotation.occupy(other, hedge_record)  # an eviction of the hedge's shard cancels the hedge only
@@ -315,7 +310,7 @@ class Attempts:
                     await hedge
             self._rotation.release(other, hedge_record)
             accounts.attempt_stopped()
-            loser = slot.name if record.won_on is other else other.name
+            loser = call.slot.name if record.won_on is other else other.name
             accounts.attempt_ended("cancelled", state.prompt_id, loser, clock() - started)
 
     def _verdict(self, record: _Attempt, slot: Slot, started_version: int | None) -> WeightsVerdict:
