@@ -59,7 +59,7 @@ def _pins() -> dict[str, str]:
 
 def peer_binary(name: str) -> Path:
     """The installed haproxy or nginx (the pinned Debian version), or PeerMissing saying how to install it."""
-    key = {"haproxy": "HAPROXY_DEB_VERSION", "nginx": "NGINX_DEB_VERSION"}[name]
+    key = {"haproxy": "HAPROXY_VERSION", "nginx": "NGINX_VERSION"}[name]
     binary = installed_tool(f"{name}-{_pins()[key]}", name)
     if not isinstance(binary, Path):
         raise PeerMissing(f"{name} is not installed at {binary}: run `{INSTALL}`")

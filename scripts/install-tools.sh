@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the external tools the test suite runs for real: kube-apiserver and etcd (built from Go modules, since
 # there is no Docker and no release download here), helm (go install), prometheus + promtool (Debian package,
-# unpacked, no service), a check for kubectl (preinstalled), the benchmark peers haproxy and nginx (Debian
+# the newest revision of the pinned upstream version, unpacked, no service), a check for kubectl (preinstalled), the benchmark peers haproxy and nginx (Debian
 # packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver), llama.cpp's
 # OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv) and the
 # router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout).
@@ -196,59 +196,70 @@ build_helm() {
   say "helm $HELM_VERSION (Kubernetes $kube): built in $((SECONDS - t0)) s"
 }
 
-# --- prometheus + promtool ------------------------------------------------------------------------------------
-install_prometheus() {
-  local dir="$TOOLS/prometheus-$PROMETHEUS_DEB_VERSION"
-  installed "$dir" && { say "prometheus $PROMETHEUS_DEB_VERSION: cached"; return; }
-  local t0=$SECONDS
-  need apt-get "prometheus comes from Debian's package; on a non-Debian machine put prometheus and promtool in $dir/bin"
-  need dpkg-deb "prometheus comes from Debian's package (dpkg-deb unpacks it)"
-  say "prometheus $PROMETHEUS_DEB_VERSION: downloading the Debian package"
-  rm -rf "$dir"; mkdir -p "$dir/deb" "$dir/bin"
-  if ! (cd "$dir/deb" && apt-get download "prometheus=$PROMETHEUS_DEB_VERSION" >"$dir/download.log" 2>&1); then
-    # The package lists may be missing or stale on a fresh machine: refresh once, then retry.
-    run "$dir/apt-update.log" apt-get update
-    (cd "$dir/deb" && run "$dir/download.log" apt-get download "prometheus=$PROMETHEUS_DEB_VERSION")
-  fi
-  run "$dir/unpack.log" dpkg-deb -x "$dir"/deb/prometheus_*.deb "$dir/root"
-  ln -s ../root/usr/bin/prometheus "$dir/bin/prometheus"
-  ln -s ../root/usr/bin/promtool "$dir/bin/promtool"
-  rm -rf "$dir/deb"
-  "$dir/bin/promtool" --version >/dev/null 2>&1 || die "unpacked promtool does not run"
-  touch "$dir/.complete"
-  say "prometheus $PROMETHEUS_DEB_VERSION: unpacked in $((SECONDS - t0)) s"
-}
+# --- Debian packages: prometheus + promtool, and the benchmark peers haproxy and nginx -------------------------
+# A Debian pin is an upstream version (tools/versions.env): Debian's security archive keeps only the newest
+# revision, so the newest revision of that upstream version the archive serves is installed (scripts/pins.py
+# deb-resolve: the machine's apt lists, refreshed once if they lack it) and the cache directory is named after it.
+# $TOOLS/<name>-<upstream> is a link to the revision installed last: what the tests and benchmarks find.
+# install_deb_tool NAME UPSTREAM LIBS BINARY...: unpack NAME's package (and the library packages LIBS,
+# "pkg=upstream,...") under $dir/root; bin/BINARY runs root/usr/{s,}bin/BINARY with those libraries on
+# LD_LIBRARY_PATH (nothing system-wide).
+deb_resolve() { "${PYTHON:-python3}" "$ROOT/scripts/pins.py" deb-resolve "$@"; }
 
-# --- haproxy, nginx (benchmark peers) -------------------------------------------------------------------------
-# install_deb_daemon NAME VERSION LIBS: unpack NAME's Debian package (and the library packages LIBS, "pkg=ver,...")
-# under $dir/root; bin/NAME runs root/usr/sbin/NAME with those libraries on LD_LIBRARY_PATH (nothing system-wide).
-install_deb_daemon() {
-  local name="$1" version="$2" libs="$3"
-  local dir="$TOOLS/$name-$version"
-  installed "$dir" && { say "$name $version: cached"; return; }
-  local t0=$SECONDS pkgs=("$name=$version") deps=() deb
-  need apt-get "$name comes from Debian's package; on a non-Debian machine put a $name binary in $dir/bin"
+install_deb_tool() {
+  local name="$1" upstream="$2" libs="$3"; shift 3
+  local link="$TOOLS/$name-$upstream" wanted=("$name=$upstream") deps=() resolved revision
+  need apt-get "$name comes from Debian's package; on a non-Debian machine put $* in $link/bin"
   need dpkg-deb "$name comes from Debian's package (dpkg-deb unpacks it)"
-  [[ -z "$libs" ]] || { IFS=, read -r -a deps <<<"$libs"; pkgs+=("${deps[@]}"); }
-  say "$name $version: downloading the Debian package(s): ${pkgs[*]}"
+  [[ -z "$libs" ]] || { IFS=, read -r -a deps <<<"$libs"; wanted+=("${deps[@]}"); }
+  if ! resolved="$(deb_resolve "${wanted[@]}" 2>"$TOOLS/.$name.resolve.log")"; then
+    # Offline or refused: a revision of the same upstream version installed before still serves.
+    if installed "$link"; then
+      say "$name $upstream: cached as $(readlink "$link") (the archive could not be asked: $(tail -n1 "$TOOLS/.$name.resolve.log"))"
+      return
+    fi
+    die "$(tail -n1 "$TOOLS/.$name.resolve.log")"
+  fi
+  revision="$(sed -n "s/^$name=//p" <<<"$resolved")"
+  local dir="$TOOLS/$name-$revision"
+  if installed "$dir"; then
+    ln -sfn "$name-$revision" "$link"
+    say "$name $upstream: cached (Debian revision $revision)"
+    return
+  fi
+  local t0=$SECONDS deb bin pkgs=()
+  mapfile -t pkgs <<<"$resolved"
+  say "$name $upstream: downloading Debian revision $revision (${pkgs[*]})"
   rm -rf "$dir"; mkdir -p "$dir/deb" "$dir/bin"
   if ! (cd "$dir/deb" && apt-get download "${pkgs[@]}" >"$dir/download.log" 2>&1); then
+    # The lists named a revision the archive has since replaced: refresh them, resolve again, retry once.
     run "$dir/apt-update.log" apt-get update
+    resolved="$(deb_resolve "${wanted[@]}")" || die "$name $upstream: no longer resolvable after apt-get update"
+    [[ "$(sed -n "s/^$name=//p" <<<"$resolved")" == "$revision" ]] || { rm -rf "$dir"; install_deb_tool "$name" "$upstream" "$libs" "$@"; return; }
+    mapfile -t pkgs <<<"$resolved"
     (cd "$dir/deb" && run "$dir/download.log" apt-get download "${pkgs[@]}")
   fi
+  printf '%s\n' "${pkgs[@]}" >"$dir/packages.txt"
   for deb in "$dir"/deb/*.deb; do run "$dir/unpack.log" dpkg-deb -x "$deb" "$dir/root"; done
-  cat >"$dir/bin/$name" <<SH
+  for bin in "$@"; do
+    local path="usr/sbin/$bin"
+    [[ -x "$dir/root/$path" ]] || path="usr/bin/$bin"
+    [[ -x "$dir/root/$path" ]] || die "$name's package has no $bin in usr/sbin or usr/bin"
+    cat >"$dir/bin/$bin" <<SH
 #!/bin/sh
-# $name from Debian's package, with the libraries unpacked beside it (see scripts/install-tools.sh).
+# $bin from Debian's $name $revision, with the libraries unpacked beside it (see scripts/install-tools.sh).
 here="\$(cd "\$(dirname "\$0")/.." && pwd)"
 LD_LIBRARY_PATH="\$(echo "\$here"/root/usr/lib/*-linux-gnu)\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" \\
-  exec "\$here/root/usr/sbin/$name" "\$@"
+  exec "\$here/root/$path" "\$@"
 SH
-  chmod +x "$dir/bin/$name"
+    chmod +x "$dir/bin/$bin"
+    "$dir/bin/$bin" --version >"$dir/version.log" 2>&1 || "$dir/bin/$bin" -v >"$dir/version.log" 2>&1 \
+      || { cat "$dir/version.log" >&2; die "unpacked $bin does not run"; }
+  done
   rm -rf "$dir/deb"
-  "$dir/bin/$name" -v >"$dir/version.log" 2>&1 || { cat "$dir/version.log" >&2; die "unpacked $name does not run"; }
   touch "$dir/.complete"
-  say "$name $version: unpacked in $((SECONDS - t0)) s"
+  ln -sfn "$name-$revision" "$link"
+  say "$name $upstream: Debian revision $revision unpacked in $((SECONDS - t0)) s"
 }
 
 # --- llama.cpp's OpenAI-compatible server (a real server this project did not write) ----------------------------
@@ -307,14 +318,14 @@ or any kubectl >= $KUBECTL_MIN_VERSION on PATH, or set KUBECTL=/path/to/kubectl)
 for tool in "${WANT[@]}"; do
   case "$tool" in
     kubectl) check_kubectl ;;
-    prometheus) locked prometheus install_prometheus ;;
+    prometheus) locked prometheus install_deb_tool prometheus "$PROMETHEUS_VERSION" "" prometheus promtool ;;
     etcd) locked etcd build_etcd ;;
     helm) locked helm build_helm ;;
     kube-apiserver) locked kube-apiserver build_kube_component kube-apiserver NewAPIServerCommand ;;
     kube-controller-manager) locked kube-controller-manager build_kube_component kube-controller-manager NewControllerManagerCommand ;;
     llama-server) locked llama-server install_llama_server ;;
-    haproxy) locked haproxy install_deb_daemon haproxy "$HAPROXY_DEB_VERSION" "$HAPROXY_DEB_LIBS" ;;
-    nginx) locked nginx install_deb_daemon nginx "$NGINX_DEB_VERSION" "" ;;
+    haproxy) locked haproxy install_deb_tool haproxy "$HAPROXY_VERSION" "$HAPROXY_LIBS" haproxy ;;
+    nginx) locked nginx install_deb_tool nginx "$NGINX_VERSION" "" nginx ;;
     loadgen) locked loadgen build_loadgen ;;
     *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen)" ;;
   esac

@@ -1,6 +1,6 @@
 """metav1.Condition helpers: a condition's lastTransitionTime moves only when its status flips.
 
-Pure functions over lists of :class:`~fleet_operator.models.Condition`; the clock is a parameter.
+Pure functions over lists of :class:`~rollout_runtime.kube.api.Condition`; the clock is a parameter.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 
-from fleet_operator.models import Condition, ConditionStatus
+from rollout_runtime.kube.api import Condition, ConditionStatus
 
 __all__ = ["find_condition", "rfc3339", "set_condition"]
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fleet_operator.conditions import find_condition, rfc3339, set_condition
-from fleet_operator.models import (
+from rollout_runtime.health import HealthPhase, HealthState, Transition
+from rollout_runtime.kube import kinds
+from rollout_runtime.kube.api import (
     EnvironmentServerEntry,
     EnvironmentServerSpec,
     GenerationShardSpec,
@@ -29,8 +31,6 @@ from fleet_operator.models import (
     ShardStatus,
     ShardWeights,
 )
-from rollout_runtime.health import HealthPhase, HealthState, Transition
-from rollout_runtime.kube import kinds
 from rollout_runtime.redaction import redact_url, safe_message
 from rollout_runtime.shards.model import Shard, revision_of
 

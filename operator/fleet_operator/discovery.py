@@ -17,8 +17,8 @@ endpoints of a Service (its EndpointSlices), InferencePool-style. Each selected 
   are workers of a leader's group and never members; the leader (index 0) is, and a group recreation (LWS's
   default ``RecreateGroupOnPodRestart``) gives it a new UID: a new instance.
 
-The engine (:mod:`fleet_operator.engine`) keeps the tables of :class:`PodView` and :class:`SliceView` from its
-watches and turns members into probe targets.
+The engine's pod membership (:mod:`fleet_operator.membership`) keeps the tables of :class:`PodView` and
+:class:`SliceView` from its watches and turns members into probe targets.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, selector_matches
-from fleet_operator.models import (
+from rollout_runtime.kube.api import (
     EnvironmentServerPods,
     EnvironmentServerSpec,
     GenerationShardSpec,

@@ -18,15 +18,15 @@ from pydantic import ValidationError
 
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, ROLLOUT_FLEET, Member, resolve_endpoint
 from fleet_operator.discovery import PodMember, target_name
-from fleet_operator.models import (
+from fleet_operator.schedule import WriteState
+from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget, ProbeTargetPolicy
+from rollout_runtime.kube.api import (
     EnvironmentServerSpec,
     GenerationShardSpec,
     RolloutFleetSpec,
     RolloutFleetStatus,
     ShardStatus,
 )
-from fleet_operator.schedule import WriteState
-from rollout_runtime.health import HealthPhase, HealthState, ProbeTarget, ProbeTargetPolicy
 from rollout_runtime.redaction import safe_message
 
 __all__ = [
@@ -99,8 +99,8 @@ class TargetRecord(Record):
     member: str | None = None
     """A pod member's name in the healthy set (its pod's name)."""
     instance: str | None = None
-    """A pod member's instance identity (:func:`fleet_operator.discovery.instance_identity`); set only by the
-    engine's ``_observe_instance``."""
+    """A pod member's instance identity (:func:`fleet_operator.discovery.instance_identity`); set only by
+    ``PodMembership._observe_instance``."""
 
     @property
     def derived(self) -> bool:
@@ -118,6 +118,10 @@ class FleetRecord(Record):
     invalid: str | None = None
     dirty_since: float | None = None
     """Loop time of the first change not yet written (the start of the coalescing window)."""
+
+    @property
+    def key(self) -> FleetKey:
+        return FleetKey(self.namespace, self.name)
 
 
 @dataclass(frozen=True)

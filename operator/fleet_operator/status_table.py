@@ -21,8 +21,8 @@ from rich.text import Text
 
 from fleet_operator import discovery
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, selector_matches
-from fleet_operator.models import LabelSelector, RolloutFleetSpec, RolloutFleetStatus
 from rollout_runtime.kube import kinds
+from rollout_runtime.kube.api import LabelSelector, RolloutFleetSpec, RolloutFleetStatus, read_fleet_status
 
 __all__ = [
     "POD_MEMBER_KINDS",
@@ -160,7 +160,7 @@ def fleet_summary(
         spec: RolloutFleetSpec | None = RolloutFleetSpec.model_validate(fleet.get("spec") or {})
     except ValidationError:
         spec = None
-    status = RolloutFleetStatus.model_validate(fleet.get("status") or {})
+    status = read_fleet_status(fleet.get("status"))
     in_set = {e.name for e in status.shards} | {e.name for e in status.environment_servers}
     conditions = {c.type: c for c in status.conditions}
 

@@ -1,4 +1,4 @@
-"""The trainer's PolicyVersion objects, read and decided on: pure (no I/O; the engine applies the decisions).
+"""The trainer's PolicyVersion objects, read and decided on: pure (no I/O; :mod:`fleet_operator.refits` applies them).
 
 One PolicyVersion per RolloutFleet (same name, same namespace) carries the trainer's policy version and its refits
 (shard, version, the instance identity the refit landed on). The trainer may write only that kind (its chart Role),
@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from fleet_operator.decisions import GENERATION_SHARD, Member, selected_members
 from fleet_operator.discovery import target_name
-from fleet_operator.models import PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 from fleet_operator.records import FleetKey
 from rollout_runtime.health import HealthState
+from rollout_runtime.kube.api import PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 from rollout_runtime.redaction import safe_message
 
 __all__ = ["PolicyObservation", "lagging", "observe_policy", "refits_to_apply"]

@@ -29,7 +29,7 @@ def test_helm_is_the_pinned_version() -> None:
 
 
 def test_prometheus_and_promtool_are_the_pinned_package() -> None:
-    upstream = versions()["PROMETHEUS_DEB_VERSION"].split("+")[0]
+    upstream = versions()["PROMETHEUS_VERSION"]
     assert f"version {upstream}" in version_output(str(tool_path("prometheus")), "--version")
     assert f"version {upstream}" in version_output(str(tool_path("promtool")), "--version")
 

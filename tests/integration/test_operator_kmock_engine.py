@@ -16,9 +16,9 @@ import pytest
 
 from fleet_operator.engine import FleetEngine
 from fleet_operator.kube import KubeClient
-from fleet_operator.models import API_VERSION
 from fleet_operator.settings import OperatorSettings
 from rollout_runtime.health import HealthPhase, ProbeReason, ProbeResult, ProbeSettings
+from rollout_runtime.kube.api import API_VERSION
 from rollout_runtime.kube.config import load_client_configuration
 from support.kmockfix import VersionedKubernetesEmulator
 
@@ -242,7 +242,7 @@ async def test_draining_takes_a_shard_out_of_the_healthy_set_without_a_probe(
 ) -> None:
     engine, prober, _now = await healthy_fleet(emulator, kube, shards=2)
     probes = prober.probes
-    await engine.upsert("GenerationShard", shard_body("s1", drain=True))
+    await engine.upsert_target("GenerationShard", shard_body("s1", drain=True))
     await engine.write_pass(asyncio.get_running_loop().time() + COALESCE)
     assert prober.probes == probes
     assert engine.phase("GenerationShard", NS, "s1") is HealthPhase.DRAINING
@@ -257,7 +257,7 @@ async def test_a_relabelled_shard_leaves_the_fleet_and_a_new_one_joins_pending(
     engine, _, _ = await healthy_fleet(emulator, kube, shards=2)
     for body in (shard_body("s1", fleet="other"), shard_body("s9")):
         put(emulator, "generationshards", body)
-        await engine.upsert("GenerationShard", body)
+        await engine.upsert_target("GenerationShard", body)
     await engine.write_pass(asyncio.get_running_loop().time() + COALESCE)
     status = stored(emulator, "rolloutfleets", "a")["status"]
     assert [e["name"] for e in status["shards"]] == ["s0"]

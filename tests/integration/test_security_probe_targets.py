@@ -183,11 +183,11 @@ async def test_the_operator_never_probes_a_forbidden_shard_and_keeps_it_out_of_t
         engine = FleetEngine(settings, kube, prober)
         for name, endpoint in endpoints.items():
             meta = {"name": name, "namespace": "ns", "uid": name, "generation": 1, "labels": {"fleet": "f"}}
-            await engine.upsert("GenerationShard", {"metadata": meta, "spec": {"endpoint": endpoint, "probe": probe}})
+            await engine.upsert_target(
+                "GenerationShard", {"metadata": meta, "spec": {"endpoint": endpoint, "probe": probe}}
+            )
         fleet_meta = {"name": "f", "namespace": "ns", "uid": "fleet", "generation": 1}
-        await engine.upsert(
-            "RolloutFleet", {"metadata": fleet_meta, "spec": {"shardSelector": {"matchLabels": {"fleet": "f"}}}}
-        )
+        await engine.upsert_fleet({"metadata": fleet_meta, "spec": {"shardSelector": {"matchLabels": {"fleet": "f"}}}})
         await engine.prime()
         await engine.probe_now()
         await engine.write_pass(asyncio.get_running_loop().time() + 60.0)

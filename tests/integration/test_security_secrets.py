@@ -214,7 +214,7 @@ async def test_the_operator_writes_no_credentials_into_statuses_events_logs_or_m
         ):
             meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1}
             spec = {"endpoint": endpoint, "probe": probe}
-            await engine.upsert("GenerationShard", {"metadata": meta, "spec": spec})
+            await engine.upsert_target("GenerationShard", {"metadata": meta, "spec": spec})
         await engine.probe_now()
         await engine.write_pass(0.0)
     written = [json.dumps(status) for status in kube.statuses]

@@ -209,11 +209,11 @@ async def test_the_operator_refuses_foreign_namespace_services_unspecified_and_k
         engine = FleetEngine(settings, kube, prober)
         for name, endpoint in endpoints.items():
             meta = {"name": name, "namespace": "team-a", "uid": name, "generation": 1, "labels": {"fleet": "f"}}
-            await engine.upsert("GenerationShard", {"metadata": meta, "spec": {"endpoint": endpoint, "probe": probe}})
+            await engine.upsert_target(
+                "GenerationShard", {"metadata": meta, "spec": {"endpoint": endpoint, "probe": probe}}
+            )
         fleet_meta = {"name": "f", "namespace": "team-a", "uid": "fleet", "generation": 1}
-        await engine.upsert(
-            "RolloutFleet", {"metadata": fleet_meta, "spec": {"shardSelector": {"matchLabels": {"fleet": "f"}}}}
-        )
+        await engine.upsert_fleet({"metadata": fleet_meta, "spec": {"shardSelector": {"matchLabels": {"fleet": "f"}}}})
         await engine.prime()
         await engine.probe_now()
         await engine.write_pass(asyncio.get_running_loop().time() + 60.0)

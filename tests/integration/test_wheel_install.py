@@ -4,7 +4,6 @@ virtualenv, away from the checkout) gives a working ``rollout-fleet`` CLI, runti
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tomllib
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from support.tools import REPO_ROOT, cache_root
+from support.tools import REPO_ROOT, cache_root, versions
 
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def pinned_uv() -> Path:
     """The uv scripts/uv.sh installs (build-wheel installs it first): fast, and installs from the shared cache."""
-    match = re.search(r'^UV_VERSION="([^"]+)"', (REPO_ROOT / "scripts" / "uv.sh").read_text(), flags=re.MULTILINE)
-    assert match, "scripts/uv.sh pins UV_VERSION"
-    return cache_root() / f"uv-{match.group(1)}" / "bin" / "uv"
+    return cache_root() / f"uv-{versions()['UV_VERSION']}" / "bin" / "uv"
 
 
 def _run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -24,8 +24,8 @@ _CACHED_TOOLS: dict[str, tuple[str, str]] = {
     "kube-controller-manager": ("kube-controller-manager", "KUBERNETES_VERSION"),
     "etcd": ("etcd", "ETCD_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
-    "prometheus": ("prometheus", "PROMETHEUS_DEB_VERSION"),
-    "promtool": ("prometheus", "PROMETHEUS_DEB_VERSION"),
+    "prometheus": ("prometheus", "PROMETHEUS_VERSION"),
+    "promtool": ("prometheus", "PROMETHEUS_VERSION"),
 }
 
 

@@ -25,7 +25,7 @@ from rollout_runtime.dispatch import (
     Skipped,
     StallDetected,
 )
-from rollout_runtime.dispatch.engine import _TURN_BUDGET
+from rollout_runtime.dispatch.rotation import TURN_BUDGET, Rotation
 from rollout_runtime.failures import (
     GenerationUnavailable,
     GymTransportError,
@@ -439,11 +439,15 @@ async def test_probe_success_after_ejection_restores_the_shard() -> None:
             raise GenerationUnavailable("503")
         return shard.name
 
-    async with Dispatcher(source, FAST) as d:
+    restored = asyncio.Event()
+
+    def observe(event: DispatchEvent) -> None:
+        if event == ShardRestored("flaky", "probe"):
+            restored.set()
+
+    async with Dispatcher(source, FAST, observer=observe) as d:
         await collect(d.run([0, 1], rollout))
         assert d.ejected == {"flaky"}
-        restored = asyncio.Event()
-        d._observer = lambda e: restored.set() if isinstance(e, ShardRestored) else None
         source.publish(make_shards("flaky", "ok"), probe_ok_at={"flaky": d.clock.wall() + 1})
         await within(restored.wait(), "the ejected shard to be restored by its probe")
         assert d.ejected == frozenset()
@@ -587,17 +591,17 @@ async def test_a_shard_takes_at_most_its_turn_budget_of_new_attempts_per_loop_tu
 ) -> None:
     """Pacing: attempts sent together come back together and least-outstanding replaces each on the shard it left, so
     a shard that has just begun answering 503 would get a whole wave before the loop reads its first answer. While
-    another shard is pickable, a shard takes at most ``_TURN_BUDGET`` new attempts per turn of the event loop (a turn
-    ends where the dispatcher's ``_age`` runs); with one shard nothing waits."""
+    another shard is pickable, a shard takes at most ``TURN_BUDGET`` new attempts per turn of the event loop (a turn
+    ends where the rotation's ``new_turn`` runs); with one shard nothing waits."""
     turns = 0
-    age = Dispatcher._age
+    new_turn = Rotation.new_turn
 
-    def counting_age(self: Dispatcher) -> None:
+    def counting_new_turn(self: Rotation) -> None:
         nonlocal turns
         turns += 1
-        age(self)
+        new_turn(self)
 
-    monkeypatch.setattr(Dispatcher, "_age", counting_age)
+    monkeypatch.setattr(Rotation, "new_turn", counting_new_turn)
     gate = asyncio.Event()
 
     async def measure(names: tuple[str, ...]) -> Counter[tuple[str, int]]:
@@ -622,8 +626,8 @@ async def test_a_shard_takes_at_most_its_turn_budget_of_new_attempts_per_loop_tu
         return started
 
     paced = await measure(("a", "b"))
-    assert max(paced.values()) == _TURN_BUDGET, f"per shard and turn: {dict(paced)}"
-    assert len({turn for _, turn in paced}) >= 40 // (2 * _TURN_BUDGET), "the wave was not spread over turns"
+    assert max(paced.values()) == TURN_BUDGET, f"per shard and turn: {dict(paced)}"
+    assert len({turn for _, turn in paced}) >= 40 // (2 * TURN_BUDGET), "the wave was not spread over turns"
     alone = await measure(("a",))
     assert len(alone) == 1, f"a single shard was paced: {dict(alone)}"
 

@@ -31,18 +31,27 @@ async def stream_tokens(count: int, gap: float) -> None:
         report_progress()
 
 
-@pytest.mark.looptime
-async def test_a_stream_that_freezes_is_redispatched_at_once_within_its_progress_bound() -> None:
-    frozen = asyncio.Event()
-    froze_on: list[str] = []
+class FreezingStream:
+    """A rollout that streams 10 tokens 10 ms apart; once ``frozen`` is set, the next stream stops after 3 tokens
+    (SIGSTOP-like) and ``froze_on`` names its shard."""
 
-    async def rollout(shard: Shard, prompt: int) -> str:
+    def __init__(self) -> None:
+        self.frozen = asyncio.Event()
+        self.froze_on: list[str] = []
+
+    async def __call__(self, shard: Shard, prompt: object) -> str:
         await stream_tokens(3, 0.01)
-        if frozen.is_set() and not froze_on:
-            froze_on.append(shard.name)
-            await asyncio.Event().wait()  # the shard stopped mid-stream (SIGSTOP-like)
+        if self.frozen.is_set() and not self.froze_on:
+            self.froze_on.append(shard.name)
+            await asyncio.Event().wait()  # the shard stopped mid-stream
         await stream_tokens(7, 0.01)
         return shard.name
+
+
+@pytest.mark.looptime
+async def test_a_stream_that_freezes_is_redispatched_at_once_within_its_progress_bound() -> None:
+    rollout = FreezingStream()
+    frozen, froze_on = rollout.frozen, rollout.froze_on
 
     events: list[DispatchEvent] = []
     loop = asyncio.get_running_loop()
@@ -92,3 +101,28 @@ async def test_without_the_watchdog_a_quiet_attempt_waits_for_its_answer() -> No
         outcomes = await collect(run)
     assert isinstance(outcomes[0], Completed)
     assert run.stats.infra_failures == 0
+
+
+@pytest.mark.looptime
+async def test_a_stream_that_stalls_mid_way_is_judged_by_its_gaps_before_the_first_token_timings_are_known() -> None:
+    """A few warm-up streams give each shard many inter-token gaps but fewer first-token timings than the deadlines
+    need, so the time to the first token is still the cap. Once tokens flow, the quiet time allowed is the gap rule's:
+    the frozen stream is abandoned long before the cap, not when the cap's check would have come."""
+    rollout = FreezingStream()
+    frozen, froze_on = rollout.frozen, rollout.froze_on
+
+    events: list[DispatchEvent] = []
+    source = StaticShardSource(make_shards("a", "b"))
+    async with Dispatcher(source, POLICY, observer=events.append) as dispatcher:
+        for n in range(6):  # one at a time, over both shards: 3 first-token timings and 27 gaps each
+            warm = dispatcher.run([n], rollout, prompt_ids=[n])
+            assert_accounted(warm, await collect(warm), [n])
+        frozen.set()
+        run = dispatcher.run(["p"], rollout, prompt_ids=["p"])
+        outcomes = await collect(run)
+    assert_accounted(run, outcomes, ["p"])
+    stalled = [e for e in events if isinstance(e, AttemptEnded) and e.failure_type == "RolloutTimeout"]
+    assert [e.shard for e in stalled] == froze_on, "the frozen attempt was abandoned as a RolloutTimeout"
+    gap_allowance = POLICY.progress_floor_seconds  # 4 x a 10 ms gap is below the floor
+    assert stalled[0].seconds <= 3 * 0.01 + gap_allowance + 0.01, "abandoned by the gap rule, not the first-token cap"
+    assert isinstance(outcomes[0], Completed)

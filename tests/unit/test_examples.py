@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fleet_operator.models import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec
 from rollout_runtime.cli import cli
+from rollout_runtime.kube.api import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec
 from support.tools import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"

@@ -20,13 +20,13 @@ from fleet_operator.decisions import (
     shard_status,
     status_needs_write,
 )
-from fleet_operator.models import (
+from rollout_runtime.health import HealthPhase, HealthState, ProbeReason, ProbeResult, ProbeSettings
+from rollout_runtime.kube.api import (
     EnvironmentServerSpec,
     GenerationShardSpec,
     LabelSelector,
     RolloutFleetSpec,
 )
-from rollout_runtime.health import HealthPhase, HealthState, ProbeReason, ProbeResult, ProbeSettings
 from rollout_runtime.shards import HealthySet, Shard
 
 T0 = 1_700_000_000.0

@@ -23,7 +23,7 @@ from fleet_operator.discovery import (
     pod_member,
     slice_members,
 )
-from fleet_operator.models import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec, ShardPods
+from rollout_runtime.kube.api import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec, ShardPods
 from support.pods import pod
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status, readiness_event, transition_event
-from fleet_operator.models import GenerationShardSpec, RolloutFleetSpec, RolloutFleetStatus
 from rollout_runtime.health import HealthPhase, Transition
+from rollout_runtime.kube.api import GenerationShardSpec, RolloutFleetSpec, RolloutFleetStatus
 
 FLEET = RolloutFleetSpec.model_validate({"shardSelector": {}, "minReadyShards": 1})
 

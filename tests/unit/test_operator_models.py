@@ -9,15 +9,15 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from fleet_operator.crds import KINDS, render_crd
-from fleet_operator.models import (
+from rollout_runtime.dispatch.policy import FLEET_POLICY, POLICY_RULES, DispatchPolicy
+from rollout_runtime.health import HealthState, ProbeSettings
+from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER, PROBE_RULES
+from rollout_runtime.kube.api import (
     DispatchPolicySpec,
     EnvironmentServerSpec,
     GenerationShardSpec,
     ProbeSpec,
 )
-from rollout_runtime.dispatch.policy import FLEET_POLICY, POLICY_RULES, DispatchPolicy
-from rollout_runtime.health import HealthState, ProbeSettings
-from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER, PROBE_RULES
 from rollout_runtime.schema import ClusterView, Comparison, Requirement, Rule
 
 
@@ -200,7 +200,7 @@ def test_an_endpoint_with_credentials_is_refused() -> None:
     """The API server refuses it by CEL (see the e2e bad-input set); the model agrees, for objects read back."""
     import pydantic
 
-    from fleet_operator.models import GenerationShardSpec
+    from rollout_runtime.kube.api import GenerationShardSpec
 
     with pytest.raises(pydantic.ValidationError, match="must not carry credentials"):
         GenerationShardSpec.model_validate({"endpoint": "http://user:hunter2@10.0.0.7:8000"})

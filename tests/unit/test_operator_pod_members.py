@@ -92,11 +92,11 @@ async def test_a_container_restart_changes_the_instance_and_the_member_must_earn
     engine = engine_for(api, prober)
     await engine.prime()
     assert await published(engine, api) == {"vllm-0": "u0:0"}
-    await engine.upsert("Pod", pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))  # same IP, restartCount+1
+    await engine.upsert_pod(pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))  # same IP, restartCount+1
     assert engine.instance_changes == 1
     assert engine.phase("GenerationShard", NS, "a/vllm-0") is HealthPhase.PENDING
     assert await published(engine, api) == {"vllm-0": "u0:1"}, "back after successThreshold probes, new instance"
-    await engine.upsert("Pod", pod("vllm-0", uid="u9", ip="10.1.0.5", restarts=(1,)))  # a new pod, same name
+    await engine.upsert_pod(pod("vllm-0", uid="u9", ip="10.1.0.5", restarts=(1,)))  # a new pod, same name
     assert engine.instance_changes == 2
     assert await published(engine, api) == {"vllm-0": "u9:1"}
 
@@ -108,7 +108,7 @@ async def test_a_refit_pod_member_that_restarts_is_stale_until_the_trainer_refit
     await engine.prime()
     assert await published(engine, api) == {"vllm-0": "u0:0"}
     await engine.record_refit("GenerationShard", NS, "a/vllm-0", 3, identity="u0:0")
-    await engine.upsert("Pod", pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))  # same IP, restartCount+1
+    await engine.upsert_pod(pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))  # same IP, restartCount+1
     assert engine.instance_changes == 1
     assert engine.phase("GenerationShard", NS, "a/vllm-0") is HealthPhase.STALE
     assert await published(engine, api) == {}, "a stale member takes no traffic, however well it probes"
@@ -121,10 +121,10 @@ async def test_a_terminating_pod_is_draining_and_a_deleted_one_leaves() -> None:
     engine = engine_for(api, prober)
     await engine.prime()
     assert set(await published(engine, api)) == {"vllm-0", "vllm-1"}
-    await engine.upsert("Pod", pod("vllm-1", uid="u1", ip="10.1.0.6", deleting=True))
+    await engine.upsert_pod(pod("vllm-1", uid="u1", ip="10.1.0.6", deleting=True))
     assert engine.phase("GenerationShard", NS, "a/vllm-1") is HealthPhase.DRAINING
     assert set(await published(engine, api)) == {"vllm-0"}
-    await engine.delete("Pod", NS, "vllm-1")
+    await engine.delete_pod(NS, "vllm-1")
     assert engine.phase("GenerationShard", NS, "a/vllm-1") is None
     assert set(await published(engine, api)) == {"vllm-0"}
     assert api.statuses[("rolloutfleets", "a")]["healthy"] == "1/1"
@@ -166,9 +166,9 @@ async def test_changing_the_fleets_selection_drops_members_it_no_longer_selects(
     changed = copy.deepcopy(FLEET)
     changed["metadata"]["generation"] = 2
     changed["spec"]["shardPods"]["selector"] = {"matchLabels": {"app": "x"}}
-    await engine.upsert("RolloutFleet", changed)
+    await engine.upsert_fleet(changed)
     assert set(await published(engine, api)) == {"other"}
-    await engine.delete("RolloutFleet", NS, "a")
+    await engine.delete_fleet(NS, "a")
     assert engine.phase("GenerationShard", NS, "a/other") is None
 
 
@@ -210,14 +210,13 @@ async def test_a_services_endpoint_slices_are_a_member_source_with_pod_identity(
     api.fleet["spec"]["shardPods"] = {"service": "vllm", "targetPort": {"name": "http"}, "probe": PROBE}
     engine = engine_for(api, prober)
     await engine.prime()
-    await engine.upsert(
-        "EndpointSlice",
+    await engine.upsert_endpoint_slice(
         endpoint_slice("vllm-a", [("10.1.0.5", "vllm-0", "u0", True), ("10.1.0.6", "vllm-1", "u1", True)]),
     )
     assert await published(engine, api) == {"vllm-0": "u0:2", "vllm-1": "u1"}
-    await engine.upsert("Pod", pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(3,)))  # identity from the pod
+    await engine.upsert_pod(pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(3,)))  # identity from the pod
     assert engine.instance_changes == 1
-    await engine.upsert("EndpointSlice", endpoint_slice("vllm-a", [("10.1.0.5", "vllm-0", "u0", True)]))
+    await engine.upsert_endpoint_slice(endpoint_slice("vllm-a", [("10.1.0.5", "vllm-0", "u0", True)]))
     assert await published(engine, api) == {"vllm-0": "u0:3"}
-    await engine.delete("EndpointSlice", NS, "vllm-a")
+    await engine.delete_endpoint_slice(NS, "vllm-a")
     assert await published(engine, api) == {}

@@ -8,9 +8,9 @@ from pydantic import ValidationError
 
 from fleet_operator.crds import POLICY_VERSION, render_crd
 from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status
-from fleet_operator.models import GenerationShardSpec, PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 from fleet_operator.weights import lagging, observe_policy, refits_to_apply
 from rollout_runtime.health import HealthPhase, HealthState, ProbeResult, ProbeSettings
+from rollout_runtime.kube.api import GenerationShardSpec, PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 
 T0 = 1_700_000_000.0
 SPEC = GenerationShardSpec(endpoint="http://s:8000", model="m")

@@ -3,6 +3,8 @@ election decisions, settings from the environment, and the status table."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -11,11 +13,17 @@ from rich.console import Console
 from fleet_operator.crds import ROLLOUT_FLEET, render_crd
 from fleet_operator.decisions import ENVIRONMENT_SERVER, GENERATION_SHARD, Member, fleet_status
 from fleet_operator.leader import LeaseAction, LeaseRecord, decide
-from fleet_operator.models import EnvironmentServerSpec, GenerationShardSpec, RolloutFleetSpec
 from fleet_operator.settings import OperatorSettings
 from fleet_operator.status_table import fleet_table
 from rollout_runtime.dispatch import DispatchPolicy
 from rollout_runtime.health import HealthPhase
+from rollout_runtime.kube.api import (
+    EnvironmentServerSpec,
+    GenerationShardSpec,
+    RolloutFleetSpec,
+    RolloutFleetStatus,
+    read_fleet_status,
+)
 from rollout_runtime.shards.kubernetes import KubernetesShardSource, healthy_set_from_status
 
 
@@ -67,6 +75,34 @@ def test_a_status_without_revision_still_gives_a_stable_revision() -> None:
     first, second = healthy_set_from_status({"shards": shards}), healthy_set_from_status({"shards": shards})
     assert first.revision == second.revision
     assert first.names() == frozenset({"s1"}), "an unparseable entry is skipped, not fatal"
+
+
+def test_a_reader_keeps_what_parses_of_a_fleet_status_and_drops_the_rest() -> None:
+    status = read_fleet_status(
+        {
+            "revision": "r1",
+            "policyVersion": "not a version",
+            "shards": [{"name": "s1", "endpoint": "http://a:1"}, {"endpoint": "http://nameless:1"}, "garbage"],
+            "shardWeights": [{"name": "s1", "weightsVersion": 2}, {"name": "s2", "weightsVersion": -1}],
+            "conditions": [{"type": "Ready"}],
+            "fieldOfALaterRelease": 1,
+        }
+    )
+    assert (status.revision, status.policy_version, status.conditions) == ("r1", None, [])
+    assert [e.name for e in status.shards] == ["s1"]
+    assert [(e.name, e.weights_version) for e in status.shard_weights] == [("s1", 2)]
+    assert read_fleet_status(None) == RolloutFleetStatus()
+
+
+def test_the_runtime_reads_the_fleet_status_with_the_operators_model_and_never_imports_the_operator() -> None:
+    code = (
+        "import sys\n"
+        "import rollout_runtime.kube.api, rollout_runtime.shards.kubernetes\n"
+        "import rollout_runtime.shards.kubernetes_weights\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fleet_operator'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(

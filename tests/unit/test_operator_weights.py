@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status, shard_status
-from fleet_operator.models import GenerationShardSpec, RolloutFleetSpec, ShardStatus
 from fleet_operator.records import restored_state
 from rollout_runtime.health import HealthPhase, HealthState, ProbeResult, ProbeSettings
+from rollout_runtime.kube.api import GenerationShardSpec, RolloutFleetSpec, ShardStatus
 
 T0 = 1_700_000_000.0
 FLEET = RolloutFleetSpec.model_validate({"shardSelector": {"matchLabels": {"fleet": "a"}}, "minReadyShards": 1})

@@ -111,7 +111,7 @@ async def test_a_fleet_change_is_written_before_a_wave_of_target_heartbeats() ->
     assert ("rolloutfleets", "a") in api.patches
     assert order.index("s7") < order.index("a"), "the transition is written first"
     heartbeats = [i for i, (plural, name) in enumerate(api.patches) if plural == "generationshards" and name != "s7"]
-    s0 = engine._records.targets[next(k for k in engine._records.targets if k.name == "s0")]
+    s0 = engine._targets.records.targets[next(k for k in engine._targets.records.targets if k.name == "s0")]
     assert len(heartbeats) == 39, f"heartbeats at {now + 1 + HEARTBEAT!r}: s0 write state {s0.write!r}"
     assert order.index("a") < min(heartbeats), "the fleet must not wait behind 39 heartbeat PATCHes"
 
@@ -138,7 +138,7 @@ async def test_the_patches_of_one_sweep_overlap_up_to_a_bound() -> None:
 async def test_priming_many_shards_sets_the_probe_targets_once_and_keeps_drain_flags() -> None:
     api, prober = FakeApi(300, drained=frozenset({"s5"})), Prober()
     engine = engine_for(api, prober)
-    monitor = engine._monitor
+    monitor = engine._targets.monitor
     calls = 0
     original = monitor.set_targets
 

@@ -1,6 +1,7 @@
 """kopf handlers, one module per kind, registered on a fresh registry per operator run (see :func:`build_registry`).
 
-Handlers are thin: they hand each watch event to the engine (in ``memo.engine``), which decides. Only
+Handlers are thin: each calls the engine's method for its kind and event (in ``memo.engine``: ``upsert_target``,
+``delete_fleet``, ``upsert_pod``...), which decides. Only
 ``@kopf.on.event`` is used: no change-detection handlers, so kopf writes no annotations, no finalizers and no
 ``status.kopf`` to our objects; deleting a shard never waits for the operator.
 """

@@ -1,18 +1,14 @@
-"""kopf handlers for EnvironmentServers: every watch event goes to the engine."""
+"""kopf handlers for EnvironmentServers: a target's upsert or delete, for each watch event."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import kopf
 
-from fleet_operator.handlers.common import apply_event
+from fleet_operator.handlers.common import register_target
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ENVIRONMENT_SERVER.plural, registry=registry)
-    async def environment_server_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, kinds.ENVIRONMENT_SERVER.kind, event)
+    register_target(registry, kinds.ENVIRONMENT_SERVER)

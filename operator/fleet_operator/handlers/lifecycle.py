@@ -13,7 +13,7 @@ __all__ = ["register"]
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry)
     async def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
-        """Watch tuning and least privilege; the why of each line is in docs/architecture.md ("Operator")."""
+        """Watch tuning and least privilege; the why of each line is in docs/operator.md ("Watches")."""
         settings.peering.standalone = True  # HA is a Lease (fleet_operator.leader), not kopf peering
         settings.scanning.disabled = True  # no CRD/namespace watching: fewer RBAC verbs, fixed resources
         settings.posting.level = logging.WARNING  # our Events are health transitions, not kopf chatter

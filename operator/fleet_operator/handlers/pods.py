@@ -1,5 +1,5 @@
-"""kopf handlers for the built-in kinds pod members are discovered from (Pods, EndpointSlices): every watch event
-goes to the engine, which keeps only what :mod:`fleet_operator.discovery` reads of them.
+"""kopf handlers for the built-in kinds pod members are discovered from (Pods, EndpointSlices): an upsert or delete
+for each watch event, kept by the engine's pod membership as what :mod:`fleet_operator.discovery` reads of it.
 
 Registered only with pod discovery on (``FLEET_OPERATOR_POD_DISCOVERY``, the default): the operator then needs
 list and watch on pods and endpointslices, and nothing else on them (no write of any kind).
@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.handlers.common import apply_event
+from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
@@ -22,8 +22,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event(pod.group, pod.version, pod.plural, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, pod.kind, event)
+        await apply(event, upsert=memo.engine.upsert_pod, delete=memo.engine.delete_pod)
 
     @kopf.on.event(endpoint_slice.group, endpoint_slice.version, endpoint_slice.plural, registry=registry)
     async def endpoint_slice_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, endpoint_slice.kind, event)
+        await apply(event, upsert=memo.engine.upsert_endpoint_slice, delete=memo.engine.delete_endpoint_slice)

@@ -1,4 +1,4 @@
-"""kopf handlers for RolloutFleets: every watch event goes to the engine."""
+"""kopf handlers for RolloutFleets: a fleet's upsert or delete, for each watch event."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from fleet_operator.handlers.common import apply_event
+from fleet_operator.handlers.common import apply
 from rollout_runtime.kube import kinds
 
 __all__ = ["register"]
@@ -15,4 +15,4 @@ __all__ = ["register"]
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(kinds.GROUP, kinds.VERSION, kinds.ROLLOUT_FLEET.plural, registry=registry)
     async def rollout_fleet_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        await apply_event(memo.engine, kinds.ROLLOUT_FLEET.kind, event)
+        await apply(event, upsert=memo.engine.upsert_fleet, delete=memo.engine.delete_fleet)

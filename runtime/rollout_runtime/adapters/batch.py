@@ -105,7 +105,8 @@ class TokenOutput:
 
 class FleetGenerateServer:
     """verl's server-rollout interface over the fleet: ``await server.generate(prompt_ids, sampling_params,
-    request_id)``, each call one prompt of a dispatcher session (see docs/architecture.md, "Trainer integrations").
+    request_id)``, each call one prompt of a dispatcher session (see docs/dispatch.md, "Generation results and
+    trainer integrations").
     """
 
     def __init__(self, dispatcher: Dispatcher, client: GenerationClient, *, stream: bool = True) -> None:

@@ -14,11 +14,14 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from rollout_runtime.cli.options import (
     DEFAULT_EVENT_LOOP,
@@ -31,14 +34,46 @@ from rollout_runtime.cli.options import (
     log_level,
     serve_until_stopped,
 )
+from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.health.hysteresis import ProbeSettings
 from rollout_runtime.router import READY_PREFIX, Router, RouterConfig, serve_router
+from rollout_runtime.router.config import ROUTER_SETTINGS
 from rollout_runtime.shards.model import Shard, ShardSource
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _DETAILS = (
     "Point environment and agent servers at http://HOST:PORT/v1 (NeMo-Gym's policy_base_url). With no routable "
     "shard the router answers 409 with a JSON reason (clients do not retry 409 forever as they do 503)."
 )
+
+
+def setting_flag(name: str) -> str:
+    """A router setting's option: the field's name in kebab case, without a ``_seconds`` suffix (the help says)."""
+    return "--" + name.removesuffix("_seconds").replace("_", "-")
+
+
+def _option_type(info: FieldInfo) -> click.IntRange | click.FloatRange | click.types.StringParamType:
+    """The option's type, with the field's bounds (shown in ``--help``; the model still validates the value)."""
+    bounds = {key: getattr(m, key) for m in info.metadata for key in ("ge", "gt", "le", "lt") if hasattr(m, key)}
+    low, high = bounds.get("ge", bounds.get("gt")), bounds.get("le", bounds.get("lt"))
+    if info.annotation is int:
+        return click.IntRange(low, high, min_open="gt" in bounds, max_open="lt" in bounds)
+    if info.annotation is float:
+        return click.FloatRange(low, high, min_open="gt" in bounds, max_open="lt" in bounds)
+    return click.STRING
+
+
+def setting_options(command: F) -> F:
+    """One option per :data:`ROUTER_SETTINGS` field, named, typed, defaulted and described by the model."""
+    for name in reversed(ROUTER_SETTINGS):
+        info = RouterConfig.model_fields[name]
+        help_text = " ".join((info.description or "").split())
+        option = click.option(
+            setting_flag(name), name, type=_option_type(info), default=info.default, show_default=True, help=help_text
+        )
+        command = option(command)
+    return command
 
 
 def shards_from_urls(urls: tuple[str, ...]) -> list[Shard]:
@@ -66,17 +101,7 @@ def shards_from_urls(urls: tuple[str, ...]) -> list[Shard]:
 @click.option("--fleet", default=None, help="Follow this RolloutFleet's healthy shards instead of --shard.")
 @click.option("--namespace", "-n", default="default", show_default=True, help="The RolloutFleet's namespace.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024, show_default=True)
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option(
-    "--read-timeout",
-    "read_timeout_seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    default=120.0,
-    show_default=True,
-    help="Longest silence from a shard (s), before its first byte or within a stream.",
-)
-@click.option("--max-attempts", type=click.IntRange(1, 100), default=3, show_default=True)
+@setting_options
 @click.option(
     "--probe-period",
     type=click.FloatRange(min=0.05),
@@ -99,24 +124,15 @@ def router(
     fleet: str | None,
     namespace: str,
     kubeconfig: Path | None,
-    max_body_bytes: int,
-    max_concurrency: int,
-    read_timeout_seconds: float,
-    max_attempts: int,
     probe_period: float | None,
     event_loop: str,
     exit_with_parent: bool,
     log_level: str,
+    **router_settings: Any,
 ) -> None:
     if bool(shard_urls) == bool(fleet):
         raise click.UsageError("give either --shard URL (repeatable) or --fleet NAME, not both and not neither")
-    config = config_from_options(
-        RouterConfig,
-        max_body_bytes=max_body_bytes,
-        max_concurrency=max_concurrency,
-        read_timeout_seconds=read_timeout_seconds,
-        max_attempts=max_attempts,
-    )
+    config = config_from_options(RouterConfig, **router_settings)
     source: ShardSource
     if fleet:
         from rollout_runtime.shards.kubernetes import KubernetesShardSource
@@ -134,7 +150,21 @@ def router(
     serve_until_stopped(_serve(source, config, host, port, exit_with_parent=exit_with_parent), host, port, event_loop)
 
 
+async def serving_config(source: ShardSource, config: RouterConfig) -> RouterConfig:
+    """The config the router serves with: a router that follows a RolloutFleet (a source with ``dispatch_policy``,
+    :class:`~rollout_runtime.shards.KubernetesShardSource`) takes that fleet's ``spec.policy`` under its own settings
+    (:meth:`RouterConfig.dispatch_policy`); a fleet that does not exist is a clean error, not a traceback."""
+    fleet_policy: Callable[[], Awaitable[DispatchPolicy]] | None = getattr(source, "dispatch_policy", None)
+    if fleet_policy is None:
+        return config
+    try:
+        return config.following(await fleet_policy())
+    except (LookupError, ValueError) as exc:
+        raise click.ClickException(f"{exc}: the router follows that RolloutFleet's spec.policy") from None
+
+
 async def _serve(source: ShardSource, config: RouterConfig, host: str, port: int, *, exit_with_parent: bool) -> None:
+    config = await serving_config(source, config)
     parent = os.getppid()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

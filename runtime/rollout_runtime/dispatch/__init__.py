@@ -1,6 +1,10 @@
 """The redispatch engine: budgets, backoff, selection, passive ejection, stall watchdog and accounting.
 
-Everything but :mod:`engine` is pure (decisions as values); the engine is the thin async shell around them.
+The rules (``budget``, ``blame``, ``settle``, ``drops``, ``ejection``, ``selection``, ``deadlines``, ``share``) are
+pure: values in, decisions out. Around them, each part readable in one sitting: ``engine`` (the :class:`Dispatcher`:
+public API, lifecycle, the worker loop that ties the parts together), ``run`` and ``session`` (a run's prompts and
+lifecycle), ``accounts`` (the one accounting path), ``rotation`` (ejections, holds, trials, panic mode, pacing) and
+``attempt`` (one attempt: timeout, progress watchdog, hedging, weights check).
 """
 
 from rollout_runtime.dispatch.budget import (

@@ -24,6 +24,7 @@ __all__ = ["affinity_key", "pick_affine", "rendezvous_score"]
 L = TypeVar("L", bound=ShardLoad)
 
 _SCALE = float(1 << 64)
+"""Maps the 64-bit digest onto (0, 1), the uniform draw weighted rendezvous hashing needs."""
 
 
 def rendezvous_score(key: str, name: str, weight: float = 1.0) -> float:

@@ -19,8 +19,11 @@ from typing import Final
 __all__ = ["MIN_SAMPLES", "AttemptClock", "RecentSamples", "ShardTimings", "adaptive_deadline"]
 
 MIN_SAMPLES: Final[int] = 8
-"""Timings a shard needs before its own distribution, not the cap, sets its deadlines."""
+"""Timings a shard needs before its own distribution, not the cap, sets its deadlines: the nearest-rank p99 of fewer
+samples is their maximum, so a handful of fast warm-up answers would set a deadline no slower answer could meet."""
 _CAPACITY: Final[int] = 128
+"""Samples kept per timing: enough for a p99 that is not just the maximum, few enough that the window follows a
+shard whose speed changes (a refit, a longer context) within a minute of its traffic."""
 
 
 class RecentSamples:

@@ -51,8 +51,14 @@ from dataclasses import dataclass
 __all__ = ["TRIAL_OUTLIVES", "Ejection", "EjectionTracker", "max_ejectable"]
 
 TRIAL_OUTLIVES = 4.0
-"""A trial attempt in flight this many times as long as the failure that took its shard out admits the next one."""
+"""A trial attempt in flight this many times as long as the failure that took its shard out admits the next one.
+
+A shard still failing answers its trial attempt about as fast as it answered the failure (a 503 burst answers in
+milliseconds), so an attempt that has run several times longer is doing work: a margin of a few times that duration
+tells the two apart despite jitter, and stays far below a generation's length, so a recovered shard is back to full
+load before its first success."""
 _MAX_DOUBLINGS = 20
+"""Bounds the doubling of a trial's room: by then the room exceeds any concurrency a run allows (about a million)."""
 _MAX_ROOM = 1 << _MAX_DOUBLINGS
 
 

@@ -17,6 +17,7 @@ from typing import IO, Literal
 __all__ = ["FailureLedger", "LedgerEntry"]
 
 _PREVIEW_CHARS = 200
+"""Enough of a prompt to recognise it in the ledger, bounded so the ledger's size does not grow with prompt length."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,17 @@ __all__ = ["EXACT_SCAN_MAX", "ShardLoad", "pick_shard"]
 L = TypeVar("L", bound="ShardLoad")
 
 EXACT_SCAN_MAX: Final[int] = 8
-"""Fleets up to this size are scanned exactly (the scan is cheaper than sampling there)."""
+"""Fleets up to this size are scanned exactly: a scan of that many candidates costs about what the draws and the
+bisections of sampling cost, and it gives the exact least-loaded shard."""
 _DRAWS: Final[int] = 2
+"""Power of two choices: going from one draw to two gives the exponentially better maximum load; more draws improve it
+by a constant factor only, and steer concurrent picks onto the same least-loaded shard."""
 _EXTRA_DRAWS: Final[int] = 4
-"""Further draws, one at a time, while every drawn candidate is one this prompt already tried."""
+"""Further draws, one at a time, while every drawn candidate is one this prompt already tried. While a prompt has tried
+at most half the fleet, each draw finds an untried shard with probability at least one half, so four leave at most a
+1 in 16 chance of settling for a tried one, at a cost per attempt that stays bounded."""
 _MASK: Final[int] = (1 << 64) - 1
+"""Keeps splitmix64's arithmetic in 64 bits, as its constants assume."""
 
 
 @dataclass(slots=True, eq=False)

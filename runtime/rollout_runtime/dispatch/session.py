@@ -2,7 +2,7 @@
 
 A trainer loop or an agent that issues one request at a time submits into a session instead of starting a run
 per prompt: budgets, the stall watchdog, ejection state, per-shard timings and stats are shared across every
-submission. The session is a :class:`~rollout_runtime.dispatch.engine.DispatchRun` whose prompts arrive over time
+submission. The session is a :class:`~rollout_runtime.dispatch.run.DispatchRun` whose prompts arrive over time
 and whose outcomes go to each submitter's future instead of one iterator, so the batch ``run()`` and the session
 share one core (workers, attempts, requeueing, accounting).
 
@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Final, Generic, Literal, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
-from rollout_runtime.dispatch.engine import DispatchRun, Rollout, _PromptState
+from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.outcomes import Outcome, PromptId
-
-if TYPE_CHECKING:
-    from rollout_runtime.dispatch.engine import Dispatcher
+from rollout_runtime.dispatch.run import DispatchRun, PromptState, Rollout, RunHost
 
 __all__ = ["DEFAULT_SESSION_CONCURRENCY", "DispatchSession", "SessionClosed"]
 
@@ -36,7 +34,9 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 DEFAULT_SESSION_CONCURRENCY: Final[int] = 1024
-"""Attempts in flight at once in a session whose policy leaves ``max_concurrency`` unset."""
+"""Attempts in flight at once in a session whose policy leaves ``max_concurrency`` unset. A session has no batch size
+to bound its workers by, so this bounds the worker tasks it holds; it is above what a fleet of shards with continuous
+batching serves at once, so it limits memory, never throughput."""
 
 
 class SessionClosed(RuntimeError):
@@ -48,19 +48,20 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        host: RunHost,
+        accounts: Accounts,
         rollout: Rollout[P, R],
         *,
         on_prompt_error: Literal["end_session", "fail_prompt"] = "end_session",
     ) -> None:
-        super().__init__(dispatcher, [], rollout)
+        super().__init__(host, accounts, [], rollout)
         self.on_prompt_error = on_prompt_error
         """``"fail_prompt"``: a run-terminal error found on one prompt's attempt ends that prompt only (its future
         raises it, counted ``aborted``); see :meth:`Dispatcher.session`."""
-        self._pending: dict[PromptId, tuple[_PromptState, asyncio.Future[Outcome[P, R]]]] = {}
+        self._pending: dict[PromptId, tuple[PromptState, asyncio.Future[Outcome[P, R]]]] = {}
         self._ids = itertools.count()
         self._aborted: list[PromptId] = []
-        limit = dispatcher.policy.max_concurrency
+        limit = host.policy.max_concurrency
         self.concurrency = limit if limit is not None else DEFAULT_SESSION_CONCURRENCY
         self._start_session()
 
@@ -87,10 +88,10 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
                 prompt_id = next(self._ids)
         elif prompt_id in self._pending:
             raise ValueError(f"prompt id {prompt_id!r} is still pending in this session: ids must be unique")
-        state = _PromptState(prompt_id=prompt_id, prompt=prompt)
-        future: asyncio.Future[Outcome[P, R]] = self._dispatcher._loop.create_future()
+        state = PromptState(prompt_id=prompt_id, prompt=prompt)
+        future: asyncio.Future[Outcome[P, R]] = asyncio.get_running_loop().create_future()
         if self.stats.unfinished == 0 and self.accounts.watchdog is not None:
-            self.accounts.watchdog.committed(self._dispatcher._now())  # idle until now, not stalled
+            self.accounts.watchdog.committed(self._host.clock.monotonic())  # idle until now, not stalled
         self._pending[prompt_id] = (state, future)
         self.stats.submitted += 1
         self.ready.put_nowait(state)
@@ -100,7 +101,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
 
     async def wait_ready(self, min_shards: int = 1, timeout: float | None = None) -> tuple[str, ...]:  # noqa: ASYNC109
         """Wait until at least ``min_shards`` shards are routable (see :meth:`Dispatcher.wait_ready`)."""
-        return await self._dispatcher.wait_ready(min_shards, timeout)
+        return await self._host.wait_ready(min_shards, timeout)
 
     @property
     def pending(self) -> int:
@@ -112,7 +113,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
     def aborted_ids(self) -> list[PromptId]:
         return [*self._aborted, *(s.prompt_id for s, _ in self._pending.values() if not s.done)]
 
-    def finish(self, state: _PromptState, outcome: Outcome[P, R]) -> None:
+    def finish(self, state: PromptState, outcome: Outcome[P, R]) -> None:
         """Count the outcome, then hand it to the prompt's submitter; the session goes on."""
         self.accounts.prompt_ended(outcome)
         state.done = True
@@ -120,7 +121,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
         if entry is not None and not entry[1].done():
             entry[1].set_result(outcome)
 
-    def fail_prompt(self, state: _PromptState, error: BaseException) -> None:
+    def fail_prompt(self, state: PromptState, error: BaseException) -> None:
         """End the session with ``error``, or with ``on_prompt_error="fail_prompt"`` only ``state``'s prompt."""
         if self.on_prompt_error == "end_session":
             super().fail_prompt(state, error)
@@ -129,7 +130,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
             return
         state.done = True
         self.stats.aborted += 1
-        self._dispatcher._evidence.forget(state.prompt_id)
+        self._host.forget(state.prompt_id)
         entry = self._pending.pop(state.prompt_id, None)
         if entry is not None and not entry[1].done():
             entry[1].set_exception(error)
@@ -152,7 +153,7 @@ class DispatchSession(DispatchRun[P, R], Generic[P, R]):
         stopped = self._stop_tasks()
         await asyncio.gather(*stopped, return_exceptions=True)
         self._reject_pending(SessionClosed(f"session closed with {pending} prompt(s) pending"))
-        self._dispatcher._runs.discard(self)
+        self._host.closed(self)
 
     def _reject_pending(self, error: BaseException) -> None:
         for state, future in self._pending.values():

@@ -14,8 +14,12 @@ from typing import Final
 __all__ = ["MIN_SHARE", "Shares"]
 
 MIN_SHARE: Final[float] = 1 / 16
-"""A busy shard keeps some traffic, so its recovery is seen."""
+"""A busy shard keeps some traffic, so its recovery is seen: four halvings (four 429s in a row) reach it, and a
+sixteenth of a shard's weight is still at least one attempt in any wave the size of the fleet's concurrency."""
 _RECOVERY_STEP: Final[float] = 1 / 8
+"""Additive increase: eight successes bring a shard at the floor back to its full share, so one 429 costs a shard
+less traffic than it takes successes to earn back (halving is a larger step than the increase, as AIMD needs to
+converge on the shard's capacity instead of oscillating around it)."""
 
 
 @dataclass(slots=True)

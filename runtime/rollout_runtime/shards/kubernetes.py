@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +29,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from rollout_runtime.kube.api import EnvironmentServerEntry, HealthySetEntry, RolloutFleetStatus, read_fleet_status
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.kube.errors import api_error_is_transient
 from rollout_runtime.kube.kinds import GENERATION_SHARD, GROUP, ROLLOUT_FLEET, VERSION
@@ -58,39 +59,50 @@ def _unix(timestamp: str | None) -> float | None:
 
 
 MemberKind = Literal["shards", "environmentServers"]
-"""Which of a RolloutFleet's published sets a source follows: generation shards, or environment servers."""
+"""Which of a RolloutFleet's published sets a source follows (``status.shards`` or ``status.environmentServers``):
+generation shards, or environment servers."""
 
 
-def healthy_set_from_status(status: Mapping[str, Any] | None, members: MemberKind = "shards") -> HealthySet:
+def _entries(status: RolloutFleetStatus, members: MemberKind) -> Sequence[HealthySetEntry | EnvironmentServerEntry]:
+    return status.shards if members == "shards" else status.environment_servers
+
+
+def healthy_set_from_status(
+    status: RolloutFleetStatus | Mapping[str, Any] | None, members: MemberKind = "shards"
+) -> HealthySet:
     """A RolloutFleet's ``status`` -> the HealthySet the dispatcher follows (revision taken from the status).
 
-    ``members="environmentServers"`` reads the environment servers instead (as Shard records: a name, an endpoint,
-    a weight), for :class:`~rollout_runtime.environment.pool.EnvironmentPool`. Entries that do not parse are skipped
-    with a log line rather than failing the whole set.
+    ``status`` is read with the operator's own model (:func:`~rollout_runtime.kube.api.read_fleet_status`, when it
+    is not one already). ``members="environmentServers"`` reads the environment servers instead (as Shard records: a
+    name, an endpoint, a weight), for :class:`~rollout_runtime.environment.pool.EnvironmentPool`. Entries that do not
+    parse are skipped with a log line rather than failing the whole set.
     """
-    status = status or {}
+    if not isinstance(status, RolloutFleetStatus):
+        status = read_fleet_status(status)
     shards: list[Shard] = []
     probe_ok_at: dict[str, float] = {}
-    for entry in status.get(members) or []:
+    for entry in _entries(status, members):
+        served = entry if isinstance(entry, HealthySetEntry) else None
         try:
             shard = Shard(
-                name=entry["name"],
-                endpoint=entry["endpoint"],
-                model=entry.get("model") or "",
-                max_model_len=entry.get("maxModelLen"),
-                weight=entry.get("weight", 1.0),
+                name=entry.name,
+                endpoint=entry.endpoint,
+                model=served.model if served else "",
+                max_model_len=served.max_model_len if served else None,
+                weight=entry.weight,
             )
-        except (KeyError, TypeError, ValidationError) as exc:
+        except ValidationError as exc:
             log.warning("skipping an unparseable healthy-set entry %r: %s", entry, exc)
             continue
         shards.append(shard)
-        ok_at = _unix(entry.get("lastSuccessTime"))
+        ok_at = _unix(served.last_success_time) if served else None
         if ok_at is not None:
             probe_ok_at[shard.name] = ok_at
-    revision = str(status.get("revision") or "")
-    if not revision:  # an operator that has not written yet: derive one, so equal sets stay equal
+    if not status.revision:  # an operator that has not written yet: derive one, so equal sets stay equal
         return HealthySet.of(shards, probe_ok_at)
-    return HealthySet(revision=revision, shards=tuple(sorted(shards, key=lambda s: s.name)), probe_ok_at=probe_ok_at)
+    return HealthySet(
+        revision=status.revision, shards=tuple(sorted(shards, key=lambda s: s.name)), probe_ok_at=probe_ok_at
+    )
 
 
 class KubernetesShardSource:
@@ -298,8 +310,9 @@ class KubernetesShardSource:
 
     def _snapshot(self, fleet: Mapping[str, Any] | None) -> HealthySet:
         self.fleet_object = dict(fleet) if fleet is not None else None
-        self.weights.update((fleet or {}).get("status"))
-        return healthy_set_from_status((fleet or {}).get("status"), self.members)
+        status = read_fleet_status((fleet or {}).get("status"))
+        self.weights.update(status)
+        return healthy_set_from_status(status, self.members)
 
     async def _list(self, api: client.CustomObjectsApi) -> tuple[str, HealthySet]:
         self.relists += 1

@@ -33,11 +33,13 @@ import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
 
+from rollout_runtime.kube.api import PolicyVersionSpec, RefitPhase, RefitRecord, RolloutFleetStatus, read_fleet_status
 from rollout_runtime.kube.config import load_client_configuration
 from rollout_runtime.kube.kinds import API_VERSION, GROUP, POLICY_VERSION, VERSION
 from rollout_runtime.weights import refit as shared
@@ -45,8 +47,6 @@ from rollout_runtime.weights import refit as shared
 __all__ = ["FleetWeights", "PolicyVersionWriter", "RefitPhase"]
 
 log = logging.getLogger(__name__)
-
-RefitPhase = Literal["Refitting", "Succeeded", "Failed"]
 
 
 def _now() -> str:
@@ -67,21 +67,14 @@ class FleetWeights:
         self._versions: dict[str, int | None] = {}
         self._stale: dict[str, bool] = {}
 
-    def update(self, status: Mapping[str, Any] | None) -> None:
-        """Take the weights from a RolloutFleet's ``status`` (None: the fleet is gone; nothing is known)."""
-        status = status or {}
-        policy = status.get("policyVersion")
-        self._policy_version = policy if isinstance(policy, int) and not isinstance(policy, bool) else None
-        versions: dict[str, int | None] = {}
-        stale: dict[str, bool] = {}
-        for entry in status.get("shardWeights") or []:
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-                log.warning("skipping an unparseable shardWeights entry %r", entry)
-                continue
-            version = entry.get("weightsVersion")
-            versions[entry["name"]] = version if isinstance(version, int) and not isinstance(version, bool) else None
-            stale[entry["name"]] = bool(entry.get("stale", False))
-        self._versions, self._stale = versions, stale
+    def update(self, status: RolloutFleetStatus | Mapping[str, Any] | None) -> None:
+        """Take the weights from a RolloutFleet's ``status`` (None: the fleet is gone; nothing is known), read with the
+        operator's model (:func:`~rollout_runtime.kube.api.read_fleet_status`: unparseable entries are skipped)."""
+        if not isinstance(status, RolloutFleetStatus):
+            status = read_fleet_status(status)
+        self._policy_version = status.policy_version
+        self._versions = {entry.name: entry.weights_version for entry in status.shard_weights}
+        self._stale = {entry.name: entry.stale for entry in status.shard_weights}
 
     def published(self, version: int) -> None:
         """The trainer in this process published ``version``: gate by it at once, not only once the operator's next
@@ -127,7 +120,7 @@ class PolicyVersionWriter:
         self._instance = instance
         self._weights = weights
         self._policy_version: int | None = None
-        self._refits: dict[str, dict[str, Any]] = {}
+        self._refits: dict[str, RefitRecord] = {}
         self._written: dict[str, Any] | None = None
         self._exists: bool | None = None
         self._lock = asyncio.Lock()
@@ -149,10 +142,7 @@ class PolicyVersionWriter:
     async def record(self, shard: str, version: int, phase: RefitPhase, instance: str | None = None) -> None:
         """Record the trainer's latest word on one shard's refit (prefer :meth:`refit`)."""
         shared.check_refit_version(self._policy_version, version)
-        entry: dict[str, Any] = {"shard": shard, "version": version, "phase": phase, "time": _now()}
-        if instance is not None:
-            entry["instance"] = instance
-        self._refits[shard] = entry
+        self._refits[shard] = RefitRecord(shard=shard, version=version, phase=phase, time=_now(), instance=instance)
         await self._flush()
 
     def refit(self, shard: str, version: int) -> contextlib.AbstractAsyncContextManager[None]:
@@ -168,10 +158,9 @@ class PolicyVersionWriter:
         return await shared.refit_all(self.refit, version, update, shards)
 
     def _spec(self) -> dict[str, Any]:
-        return {
-            "policyVersion": self._policy_version,
-            "refits": [self._refits[name] for name in sorted(self._refits)],
-        }
+        """The PolicyVersion's spec as written (its model checks it first: a refit is never ahead of the policy)."""
+        refits = [self._refits[name] for name in sorted(self._refits)]
+        return PolicyVersionSpec(policy_version=self._policy_version, refits=refits).to_kube()
 
     async def _flush(self) -> None:
         """Write the desired spec unless a write that includes it already happened (concurrent callers share one)."""
@@ -218,8 +207,12 @@ class PolicyVersionWriter:
             return
         self._exists = True
         for entry in (existing.get("spec") or {}).get("refits") or []:
-            if isinstance(entry, dict) and isinstance(entry.get("shard"), str):
-                self._refits.setdefault(entry["shard"], entry)
+            try:
+                record = RefitRecord.model_validate(entry)
+            except ValidationError:
+                log.warning("PolicyVersion %s/%s: skipping an unparseable refit %r", self.namespace, self.fleet, entry)
+                continue
+            self._refits.setdefault(record.shard, record)
 
     async def _client(self) -> client.ApiClient:
         if self._api_client is not None:

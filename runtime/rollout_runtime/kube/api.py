@@ -1,31 +1,36 @@
 """The four custom resources as pydantic models: the one source of their schema, defaults and field names.
 
-Group ``rolloutfleet.dev``, version ``v1alpha1``. Python names are snake_case, Kubernetes names camelCase (aliases);
-both validate. The CRDs in ``crds/`` are generated from these classes by :mod:`fleet_operator.crds`, so a field's
-type, bounds, default and description live here exactly once. The probe (``ProbeSpec``) and the fleet's policy
-(``DispatchPolicySpec``) are not declared here at all: they are derived from the runtime's ``ProbeSettings`` and
-``DispatchPolicy`` and that model's :class:`~rollout_runtime.schema.ClusterView` (what differs in a cluster,
-stated once beside the runtime model). A cross-field rule is a CEL rule in ``json_schema_extra`` (the API server
-rejects a bad object with that message) and a pydantic validator (the operator and the runtime never act on an
-object that slipped past an older CRD); for the derived models both come from one rules list, for the rest a unit
-test checks that both layers reject the same specs.
+Group ``rolloutfleet.dev``, version ``v1alpha1``: the types both sides of the contract use, as
+gateway-api-inference-extension shares its ``api/v1`` types between its controller and its endpoint picker. The
+operator validates specs and writes statuses with them, and generates the CRDs in ``crds/`` from them
+(:mod:`fleet_operator.crds`); the runtime reads a RolloutFleet's status with them
+(:func:`read_fleet_status`: the healthy set, environment servers and shard weights). So a field's name, type,
+bounds, default and description live here exactly once, below the operator: the runtime never imports it.
+
+Python names are snake_case, Kubernetes names camelCase (aliases); both validate. The probe (``ProbeSpec``) and the
+fleet's policy (``DispatchPolicySpec``) are not declared here at all: they are derived from the runtime's
+``ProbeSettings`` and ``DispatchPolicy`` and that model's :class:`~rollout_runtime.schema.ClusterView` (what
+differs in a cluster, stated once beside the runtime model). A cross-field rule is a CEL rule in
+``json_schema_extra`` (the API server rejects a bad object with that message) and a pydantic validator (the
+operator and the runtime never act on an object that slipped past an older CRD); for the derived models both come
+from one rules list, for the rest a unit test checks that both layers reject the same specs.
 """
 
 from __future__ import annotations
 
+import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from rollout_runtime.dispatch.policy import FLEET_POLICY, DispatchPolicy
-from rollout_runtime.health import HealthPhase, ProbeSettings
-from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER
+from rollout_runtime.health.hysteresis import PROBE_IN_CLUSTER, HealthPhase, ProbeSettings
 from rollout_runtime.kube.kinds import API_VERSION, GROUP, VERSION
 from rollout_runtime.schema import ClusterView, rules_validator
 
@@ -49,6 +54,7 @@ __all__ = [
     "PolicyVersionSpec",
     "PortRef",
     "ProbeSpec",
+    "RefitPhase",
     "RefitRecord",
     "RolloutFleetSpec",
     "RolloutFleetStatus",
@@ -56,7 +62,10 @@ __all__ = [
     "ShardPods",
     "ShardStatus",
     "ShardWeights",
+    "read_fleet_status",
 ]
+
+log = logging.getLogger(__name__)
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
@@ -564,11 +573,56 @@ class RolloutFleetStatus(_KubeModel):
     """Ready (at least minReadyShards healthy) and Degraded (some selected member is not healthy)."""
 
 
+def read_fleet_status(status: Mapping[str, Any] | None) -> RolloutFleetStatus:
+    """A RolloutFleet's ``status`` as a reader takes it: every field and list entry that validates, the rest dropped
+    with a log line. None (no status written yet, or the fleet is gone) reads as the defaults.
+
+    The operator writes the status through this model, but a reader (the trainer's runtime, ``rollout-fleet
+    status``) may run another release than the operator, and one entry it cannot read must not blank the whole
+    healthy set. Fields it does not know are ignored (``extra="ignore"``), as everywhere in this module.
+    """
+    data: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in (status or {}).items()}
+    while True:
+        try:
+            return RolloutFleetStatus.model_validate(data)
+        except ValidationError as exc:
+            dropped = _drop_invalid(data, exc)
+            if not dropped:
+                raise
+            log.warning("RolloutFleet status: skipping what does not parse: %s", "; ".join(dropped)[:1000])
+
+
+def _drop_invalid(data: dict[str, Any], exc: ValidationError) -> list[str]:
+    """Remove from ``data`` each list entry (``loc`` = field, index, ...) or field an error names; what was dropped."""
+    keys = {alias: name for name in data for alias in (name, to_camel(name))}
+    entries: dict[str, set[int]] = {}
+    fields: set[str] = set()
+    for error in exc.errors():
+        loc = error["loc"]
+        key = keys.get(loc[0]) if loc and isinstance(loc[0], str) else None
+        if key is None:
+            continue
+        if len(loc) >= 2 and isinstance(loc[1], int) and isinstance(data[key], list):
+            entries.setdefault(key, set()).add(loc[1])
+        else:
+            fields.add(key)
+    dropped = [f"{key}: {data.pop(key)!r}"[:200] for key in sorted(fields)]
+    for key, indices in entries.items():
+        if key not in fields:
+            dropped += [f"{key}[{i}]: {data[key][i]!r}"[:200] for i in sorted(indices)]
+            data[key] = [entry for i, entry in enumerate(data[key]) if i not in indices]
+    return dropped
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # PolicyVersion
 
 
 _MAX_POLICY_VERSION: Final[int] = 1_000_000_000
+
+RefitPhase = Literal["Refitting", "Succeeded", "Failed"]
+"""Refitting: the update is under way (no traffic); Succeeded: the shard holds the version; Failed: it may hold
+half-updated weights (Stale until a refit succeeds)."""
 
 
 class RefitRecord(_KubeModel):
@@ -583,7 +637,7 @@ class RefitRecord(_KubeModel):
     ``<uid>:<restarts>``, SGLang's weight version...); unset when the trainer reads none."""
     time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = None
     """When the trainer recorded it: tells a new refit to the same version and instance from a replay."""
-    phase: Literal["Refitting", "Succeeded", "Failed"] = "Succeeded"
+    phase: RefitPhase = "Succeeded"
     """Refitting: the update is under way (no traffic); Succeeded: the shard holds ``version``; Failed: it may hold
     half-updated weights (Stale until a refit succeeds)."""
 

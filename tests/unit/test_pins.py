@@ -1,0 +1,86 @@
+"""scripts/pins.py: which Debian revision serves a pinned upstream version, and what a rotten pin says.
+
+The registry look-ups themselves run as the first step of scripts/test (tests never leave 127.0.0.0/8); these are
+the rules they apply.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from support.tools import REPO_ROOT, versions
+
+_spec = importlib.util.spec_from_file_location("pins", REPO_ROOT / "scripts" / "pins.py")
+assert _spec
+assert _spec.loader
+pins = importlib.util.module_from_spec(_spec)
+sys.modules["pins"] = pins
+_spec.loader.exec_module(pins)
+
+
+def newer_by(order: list[str]) -> Callable[[str, str], bool]:
+    """A version order given as a list (oldest first), standing in for dpkg's."""
+    return lambda a, b: order.index(a) > order.index(b)
+
+
+def test_upstream_drops_epoch_and_debian_revision() -> None:
+    assert pins.upstream_of("2.42.0+ds-5+deb12u1") == "2.42.0+ds"
+    assert pins.upstream_of("1:1.22.1-9+deb12u12") == "1.22.1"
+    assert pins.upstream_of("5.3.6") == "5.3.6"  # a native package has no Debian revision
+
+
+@pytest.mark.parametrize(
+    ("revision", "upstream", "expected"),
+    [
+        ("1.22.1-9+deb12u12", "1.22.1", True),
+        ("2.42.0+ds-5+deb12u1", "2.42.0", True),  # a repack of the same release
+        ("1.22.10-1", "1.22.1", False),  # another release that merely starts with the same digits
+        ("1.24.0-1", "1.22.1", False),
+    ],
+)
+def test_a_revision_belongs_to_its_upstream_release_only(revision: str, upstream: str, expected: bool) -> None:
+    assert pins.is_revision_of(revision, upstream) is expected
+
+
+def test_the_newest_served_revision_of_the_pinned_release_wins() -> None:
+    # What broke the cold run: the archive dropped +deb12u11 for +deb12u12; the pin now names the release only.
+    order = ["1.22.1-9+deb12u9", "1.22.1-9+deb12u12", "1.24.0-1"]
+    served = ["1.24.0-1", "1.22.1-9+deb12u12", "1.22.1-9+deb12u9"]
+    assert pins.newest_revision("nginx", "1.22.1", served, newer_by(order)) == "1.22.1-9+deb12u12"
+
+
+def test_a_release_the_archive_no_longer_serves_is_one_line_naming_what_it_offers() -> None:
+    with pytest.raises(pins.PinError) as caught:
+        pins.newest_revision("nginx", "1.22.9", ["1.22.1-9+deb12u12", "1.22.1-9+deb12u9"], newer_by([]))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == "nginx 1.22.9: not served by the Debian archive (it offers 1.22.1-9+deb12u12, 1.22.1-9+deb12u9)"
+
+
+def test_every_debian_pin_is_an_upstream_version_not_a_revision() -> None:
+    wanted = pins.debian_pins(versions())
+    assert {"prometheus", "haproxy", "nginx"} <= set(wanted)
+    for package, upstream in wanted.items():
+        assert "-" not in upstream, f"{package}={upstream} pins a Debian revision, not an upstream version"
+
+
+def test_the_go_wrappers_siblings_are_read_from_the_upstream_go_mod() -> None:
+    gomod = "module k8s.io/kubernetes\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/x => ../x\n)\n"
+    assert pins.local_replacements(gomod) == ["k8s.io/api", "k8s.io/x"]
+    assert pins.local_replacements("replace example.com/a => example.com/b v1.0.0\n") == []
+
+
+def test_module_paths_are_case_encoded_for_the_proxy() -> None:
+    assert pins.go_escape("github.com/Azure/go-autorest") == "github.com/!azure/go-autorest"
+
+
+def test_the_operator_locks_are_read_as_pins() -> None:
+    for lock in pins.PYPI_LOCKS:
+        found = dict(pins.locked_requirements(lock))
+        assert found, f"no name==version line in {lock}"
+        assert all(version[0].isdigit() for version in found.values())
+    assert pins.normalize("Typing_Extensions") == "typing-extensions"
