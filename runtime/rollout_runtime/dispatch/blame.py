@@ -27,6 +27,10 @@ HTTP status, normalised reason) follows:
   that gave it serve other prompts and agree (:meth:`Evidence.confirmed`; the dispatcher checks the agreement);
   otherwise the answer may be the shards' (two of four answering 413 to everything), and the attempt is charged as
   infra instead;
+- **this shard or this fleet is wrong** (401, 403, 404, 407): DATA by the first verdict, like any 4xx, but never the
+  prompt's: such an answer never makes a prompt poison (not even by elimination) and confirms a data verdict only as
+  the fleet's answer, once every shard met gave it to that prompt (a router relays it). So one shard answering it
+  while others serve is a sick shard (its charges refunded), every shard answering it a misconfigured fleet;
 - otherwise the first verdict stands, except that a shard which answered with a status that could be a poison
   prompt's or a misconfiguration's (:func:`waits_for_evidence`: 401, 404, 500, a 200 that is not a completion...) is
   not ejected on one failure: that waits for the evidence above. A transient status (502, 503, 504, 408, 425) and a
