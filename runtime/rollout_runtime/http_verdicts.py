@@ -55,7 +55,14 @@ __all__ = [
 ]
 
 Kind = Literal[
-    "backpressure", "credentials", "model_missing", "invalid_request", "server_error", "not_a_completion", "protocol"
+    "backpressure",
+    "credentials",
+    "model_missing",
+    "not_found",
+    "invalid_request",
+    "server_error",
+    "not_a_completion",
+    "protocol",
 ]
 
 _CREDENTIALS: Final[frozenset[int]] = frozenset({401, 403, 407})
@@ -100,6 +107,8 @@ def verdict(status: int, message: str = "", retry_after: float | None = None) ->
         kind = "credentials"
     elif model_missing(status, message):
         kind = "model_missing"
+    elif status == 404:
+        kind = "not_found"
     elif infra:
         kind = "server_error"
     elif 400 <= status < 500:
@@ -176,17 +185,18 @@ def completion_problem(payload: Any, *, chat: bool) -> str | None:
 
 def failure_for(found: HttpVerdict, where: str) -> RolloutFailure:
     """The taxonomy exception for a verdict: GenerationUnavailable (infra) or RolloutDataFailure, carrying the status
-    and the Retry-After, with the server's own message (a data failure's message is the ledger's reason)."""
+    and the Retry-After, with the server's own message (a data failure's message is the ledger's reason; one about
+    the shard or the fleet, such as a 401, also names the shard that gave it)."""
     from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure
 
     if found.kind == "model_missing":
         text = f"{where} does not serve the model: {found.message}"
-    elif not found.infra:
-        text = found.message
     elif found.kind == "not_a_completion":
         text = f"{where} returned {found.status} with a body that is not a completion: {found.message}"
-    else:
+    elif found.infra or found.kind in ("credentials", "not_found"):  # the shard's or the fleet's: say which shard
         text = f"{where} answered HTTP {found.status}: {found.message}"
+    else:
+        text = found.message
     failure = GenerationUnavailable if found.infra else RolloutDataFailure
     return failure(text, status=found.status, retry_after=found.retry_after)
 
