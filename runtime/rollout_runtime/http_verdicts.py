@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from rollout_runtime.failures import RolloutFailure
 
 __all__ = [
+    "SHARD_OR_FLEET",
     "HttpVerdict",
     "completion_problem",
     "failure_for",
@@ -56,16 +57,18 @@ __all__ = [
 
 Kind = Literal[
     "backpressure",
-    "credentials",
     "model_missing",
-    "not_found",
+    "shard_or_fleet",
     "invalid_request",
     "server_error",
     "not_a_completion",
     "protocol",
 ]
 
-_CREDENTIALS: Final[frozenset[int]] = frozenset({401, 403, 407})
+SHARD_OR_FLEET: Final[frozenset[int]] = frozenset({401, 403, 404, 407})
+"""Answers that say "this shard or this fleet is wrong": a rejected key (the proxy's, 407), a model or a path the shard
+does not serve. DATA by the first verdict like any 4xx, but never the prompt's: the dispatcher's blame weighs whose
+(one sick shard, or a misconfigured fleet)."""
 _MODEL_MISSING: Final[re.Pattern[str]] = re.compile(
     r"model [`'\"]?.*[`'\"]? does not exist|model .*not found|no such model|unknown model", re.IGNORECASE
 )
@@ -103,12 +106,10 @@ def verdict(status: int, message: str = "", retry_after: float | None = None) ->
     kind: Kind
     if is_backpressure(status, retry_after):
         kind = "backpressure"
-    elif status in _CREDENTIALS:
-        kind = "credentials"
     elif model_missing(status, message):
         kind = "model_missing"
-    elif status == 404:
-        kind = "not_found"
+    elif status in SHARD_OR_FLEET:
+        kind = "shard_or_fleet"
     elif infra:
         kind = "server_error"
     elif 400 <= status < 500:
@@ -193,7 +194,7 @@ def failure_for(found: HttpVerdict, where: str) -> RolloutFailure:
         text = f"{where} does not serve the model: {found.message}"
     elif found.kind == "not_a_completion":
         text = f"{where} returned {found.status} with a body that is not a completion: {found.message}"
-    elif found.infra or found.kind in ("credentials", "not_found"):  # the shard's or the fleet's: say which shard
+    elif found.infra or found.kind == "shard_or_fleet":
         text = f"{where} answered HTTP {found.status}: {found.message}"
     else:
         text = found.message

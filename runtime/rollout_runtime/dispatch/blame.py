@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from rollout_runtime.failures import Diagnosis, http_status_is_infra
+from rollout_runtime.http_verdicts import SHARD_OR_FLEET
 
 __all__ = ["Blame", "Evidence", "Signature", "Verdict", "judge", "signature", "waits_for_evidence"]
 
@@ -67,11 +68,6 @@ _MAX_SIGNATURES: Final[int] = 256
 _TRANSIENT: Final[frozenset[int]] = frozenset({502, 503, 504, *(s for s in range(400, 500) if http_status_is_infra(s))})
 """Statuses that say "not now", never "never": the 4xx the first verdict retries (408, 425, 429) and a gateway's or a
 busy server's 502, 503, 504. They cannot make a fleet misconfigured, nor a prompt poison."""
-_SHARD_OR_FLEET: Final[frozenset[int]] = frozenset({401, 403, 404, 407})
-"""Answers that say "this shard or this fleet is wrong": a rejected key (the proxy's, 407), a model or path the shard
-does not serve. The first verdict is DATA (another shard may well answer the same), but never the prompt's: one shard
-answering it while others serve is sick, every shard answering it is a misconfigured fleet, and it never confirms a
-data verdict nor convicts a prompt."""
 _ABOUT_THE_REQUEST: Final[frozenset[int]] = frozenset({400, 413, 422, 500})
 """Answers that a single prompt's content explains: fleet-wide only on more failed attempts than are in flight."""
 _REASON_CHARS: Final[int] = 160
@@ -162,7 +158,7 @@ class Evidence:
         does not convict a prompt. An answer about the shard or the fleet (401, 404...) never convicts one: it stands
         only as the fleet's answer, once every shard met has given it to this prompt (a router relays it as it came)."""
         shards = self.prompts.get(prompt, {}).get(sig, set())
-        if sig[1] in _SHARD_OR_FLEET:
+        if sig[1] in SHARD_OR_FLEET:
             return bool(shards) and shards.issuperset(self.seen)
         return self.total_successes == 0 or all(self.successes.get(name, 0) > 0 for name in shards)
 
@@ -201,7 +197,7 @@ def waits_for_evidence(sig: Signature | None) -> bool:
 
 def _could_be_the_prompts(status: int) -> bool:
     """Whether an answer could be the prompt's: not "not now" (transient), not "this shard or this fleet is wrong"."""
-    return status not in _TRANSIENT and status not in _SHARD_OR_FLEET
+    return status not in _TRANSIENT and status not in SHARD_OR_FLEET
 
 
 def _add(members: set[Hashable] | set[str], member: Hashable) -> None:
