@@ -272,6 +272,7 @@ async def test_every_client_gives_the_same_first_verdict(status: int) -> None:
     assert set(verdicts.values()) == {(VERDICTS[status], status)}, verdicts
     printed = CliRunner().invoke(classify, ["--status", str(status)])
     assert f"HTTP {status}: {VERDICTS[status].value}" in printed.output, printed.output
+    assert ("never the prompt's" in printed.output) is (status in {401, 403, 404, 407}), printed.output
 
 
 async def test_a_hung_request_is_not_needed_to_tell_them_apart() -> None:
