@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,9 @@ from pathlib import Path
 from rollout_runtime.sim.process import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # tools/pins.py reads tools/versions.env, the one place tools are pinned
+import pins  # noqa: E402
+
 INSTALL = "bash scripts/install-tools.sh haproxy nginx"
 KEEP_LOGS = bool(os.environ.get("BENCH_KEEP_LOGS"))
 """Set BENCH_KEEP_LOGS=1 to keep each peer's config and logs (the directory is printed) for a post-mortem."""
@@ -47,20 +51,10 @@ class PeerMissing(RuntimeError):
     """A peer binary is not installed; the message names the command that installs it."""
 
 
-def _pins() -> dict[str, str]:
-    pins: dict[str, str] = {}
-    for line in (REPO / "tools" / "versions.env").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            pins[key.strip()] = value.strip()
-    return pins
-
-
 def peer_binary(name: str) -> Path:
     """The installed haproxy or nginx (the pinned Debian version), or PeerMissing saying how to install it."""
     key = {"haproxy": "HAPROXY_VERSION", "nginx": "NGINX_VERSION"}[name]
-    binary = installed_tool(f"{name}-{_pins()[key]}", name)
+    binary = installed_tool(f"{name}-{pins.versions()[key]}", name)
     if not isinstance(binary, Path):
         raise PeerMissing(f"{name} is not installed at {binary}: run `{INSTALL}`")
     return binary

@@ -50,6 +50,7 @@ from rollout_runtime.kube import kinds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # ControlPlane is test infrastructure (kept out of the wheel)
+sys.path.insert(0, str(REPO / "tools"))  # which it finds through the pins in tools/versions.env (tools/pins.py)
 
 from rollout_runtime.sim.process import ManagedProcess, free_port, wait_until  # noqa: E402
 from support.controlplane import ControlPlane  # noqa: E402

@@ -198,13 +198,13 @@ build_helm() {
 
 # --- Debian packages: prometheus + promtool, and the benchmark peers haproxy and nginx -------------------------
 # A Debian pin is an upstream version (tools/versions.env): Debian's security archive keeps only the newest
-# revision, so the newest revision of that upstream version the archive serves is installed (scripts/pins.py
+# revision, so the newest revision of that upstream version the archive serves is installed (tools/pins.py
 # deb-resolve: the machine's apt lists, refreshed once if they lack it) and the cache directory is named after it.
 # $TOOLS/<name>-<upstream> is a link to the revision installed last: what the tests and benchmarks find.
 # install_deb_tool NAME UPSTREAM LIBS BINARY...: unpack NAME's package (and the library packages LIBS,
 # "pkg=upstream,...") under $dir/root; bin/BINARY runs root/usr/{s,}bin/BINARY with those libraries on
 # LD_LIBRARY_PATH (nothing system-wide).
-deb_resolve() { "${PYTHON:-python3}" "$ROOT/scripts/pins.py" deb-resolve "$@"; }
+deb_resolve() { "${PYTHON:-python3}" "$ROOT/tools/pins.py" deb-resolve "$@"; }
 
 install_deb_tool() {
   local name="$1" upstream="$2" libs="$3"; shift 3

@@ -6,7 +6,7 @@ export ROLLOUT_FLEET_CACHE="${ROLLOUT_FLEET_CACHE:-$HOME/.cache/rollout-fleet}"
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-# The pin lives with the others in tools/versions.env (scripts/pins.py checks that PyPI still serves it).
+# The pin lives with the others in tools/versions.env (tools/pins.py checks that PyPI still serves it).
 UV_VERSION="$(sed -n 's/^UV_VERSION=//p' "$(dirname "${BASH_SOURCE[0]}")/../tools/versions.env")"
 [ -n "$UV_VERSION" ] || die "tools/versions.env has no UV_VERSION"
 UV_HOME="$ROLLOUT_FLEET_CACHE/uv-$UV_VERSION"

@@ -34,8 +34,12 @@ cycle-safe. :func:`diagnose` returns everything a dispatcher decides from one fa
 :class:`Diagnosis` (class, type label, whether it blames the shard, whether it is terminal, the reason);
 :func:`classify_rollout_failure`, :func:`failure_contains` and :func:`describe_failure` are views of the same walk.
 
-One decision about HTTP statuses exists, :func:`http_status_is_infra`; the environment side's
-``is_retryable_dependency_status`` calls it, so the generation and environment sides can never drift apart.
+One decision about HTTP statuses exists, :func:`http_status_is_infra`, and it is the first verdict for every client:
+``GenerationClient``, the router, the environment client, the aiohttp/httpx/openai errors read here, and
+``rollout-fleet classify``; the environment side's ``is_retryable_dependency_status`` calls it, so the generation and
+environment sides can never drift apart. An answer that says "this shard or this fleet is wrong" (401, 403, 404, 407)
+is DATA here like any other 4xx: one answer cannot say whether the prompt, the shard or the whole fleet is at fault.
+The evidence across prompts and shards can, and ``dispatch/blame.py`` weighs it.
 """
 
 from __future__ import annotations
@@ -175,6 +179,11 @@ def http_status_is_infra(status: int) -> bool:
     mismatch (an unexpected redirect, a 200 with the wrong body), which no other shard fixes either. A status
     outside 100..599 is no HTTP status at all: the endpoint is broken (infra) from 600 up, as upstream's
     ``status >= 500`` reads it, and below 100 it is a protocol mismatch like the 1xx-3xx ones.
+
+    401, 403, 404 and 407 are DATA like any other 4xx: whether a rejected key or a missing model is one shard's
+    (eject it) or the whole fleet's (end the run) is not in one answer; the dispatcher's blame weighs the evidence.
+    Public because the environment side makes this same call (``is_retryable_dependency_status``), and every client
+    reads its answers with it: the copies of the decision must not drift apart.
 
     Raises only for a non-int (a string or float status is a caller's bug, and ``True`` is not a status).
     """
@@ -328,31 +337,9 @@ def _is_infra(exc: BaseException) -> bool:
     if verdict is _TypeVerdict.RESPONSE:
         status = _http_status(exc)
         if status is not None:
-            return http_verdicts.status_is_infra(status, response_message(exc))
+            return http_status_is_infra(status)
         return issubclass(type(exc), _INFRA_TYPES)
     return verdict is _TypeVerdict.INFRA
-
-
-def response_message(exc: BaseException) -> str:
-    """The server's own words in an HTTP error, whichever client raised it: openai's ``body``/``message``, httpx's
-    response text, aiohttp's reason; never raises."""
-    try:
-        body = getattr(exc, "body", None)
-        if isinstance(body, dict):
-            return http_verdicts.server_message(_json_bytes(body))
-        response = getattr(exc, "response", None)
-        text = getattr(response, "text", None) if response is not None else None
-        if isinstance(text, str) and text:
-            return http_verdicts.server_message(text.encode())
-        return exception_text(exc)
-    except Exception:
-        return ""
-
-
-def _json_bytes(value: object) -> bytes:
-    import json
-
-    return json.dumps(value).encode()
 
 
 def _retry_after(exc: BaseException) -> float | None:

@@ -4,10 +4,11 @@ What a failure means decides what the dispatcher does with it, so the mapping is
 
 - cannot connect, connection dropped, response cut off -> :class:`GenerationUnavailable` (infra);
 - no answer within the deadline -> :class:`RolloutTimeout` (infra);
-- an HTTP error status -> :mod:`rollout_runtime.http_verdicts` decides, as it does for every other client (5xx,
-  408, 425, 429, 401, 403, 407 and 404 (vLLM's "The model `x` does not exist." among them): GenerationUnavailable
-  with the status and any Retry-After; any other 4xx: :class:`RolloutDataFailure` with the server's own message,
-  bounded);
+- an HTTP error status -> :func:`~rollout_runtime.failures.http_status_is_infra` decides, as it does for every other
+  client (5xx, 408, 425, 429: GenerationUnavailable with the status and any Retry-After; any other 4xx:
+  :class:`RolloutDataFailure` with the server's own message, bounded). A 401, 403, 407 or 404 (vLLM's "The model
+  `x` does not exist." among them) is one of those data failures; the dispatcher's blame then reads it as one sick
+  shard or a misconfigured fleet from the evidence (:mod:`rollout_runtime.dispatch.blame`);
 - a redirect (3xx) -> GenerationUnavailable naming the status and the Location's host: redirects are never
   followed, since the prompt and the trainer's API-key header would go to a host that is not a shard;
 - a 200 whose body is not a completion (invalid JSON, an HTML page, ``choices: []``, an error object) ->

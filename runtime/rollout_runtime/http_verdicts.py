@@ -1,30 +1,31 @@
 """One reading of an HTTP answer, whichever client received it: a status (and body) in, a first verdict out.
 
-``GenerationClient`` calls it for its own responses; :mod:`rollout_runtime.failures` calls it for an aiohttp
-``ClientResponseError``, an httpx ``HTTPStatusError`` or an openai ``APIStatusError``, so the same answer gets the
-same verdict through every client. The verdict is per attempt; the dispatcher's blame (``dispatch/blame.py``) then
-weighs the evidence across prompts and shards. The first verdicts, and why:
+``GenerationClient`` calls it for its own responses; the status's class is the runtime's one decision,
+:func:`rollout_runtime.failures.http_status_is_infra`, which also reads an aiohttp ``ClientResponseError``, an httpx
+``HTTPStatusError`` or an openai ``APIStatusError``, the router's and the environment client's answers, so the same
+answer gets the same verdict through every client. The verdict is per attempt; the dispatcher's blame
+(``dispatch/blame.py``) then weighs the evidence across prompts and shards. The first verdicts, and why:
 
 ==========================  =======  ===========================================================================
 status                      verdict  why
 ==========================  =======  ===========================================================================
 2xx, not a completion       INFRA    the shard answered something that is not a completion (an HTML page, an error
                                      object, ``choices: []``): a sane shard would not, whatever the prompt
-401, 403, 407               INFRA    credentials belong to the shard or the trainer's configuration, never to the
-                                     prompt; every shard answering it ends the run with a run-level error
-404                         INFRA    "The model `x` does not exist." (this shard serves another model) or no such
-                                     path (not an OpenAI API): the shard's, not the prompt's. Both, because a raw
-                                     aiohttp error carries no body to tell them apart, and a verdict must not
-                                     depend on the client; the message says which it was when the body is there
-400, 413, 422, other 4xx    DATA     the request (this prompt: too long, too large, invalid) is what the server
-                                     refused; confirmed on a second shard, or re-read as the shard's by evidence
 408, 425, 5xx               INFRA    the endpoint is unwell (http_status_is_infra)
 429, 503 with Retry-After   INFRA    backpressure: the shard is busy, not broken; go elsewhere, no ejection
+401, 403, 407               DATA     credentials: the shard's or the trainer's configuration, never the prompt's,
+                                     but one answer cannot tell which; blame can: one shard answering it while
+                                     others serve is a sick shard (ejected, its data charges refunded), every shard
+                                     answering it is :class:`~rollout_runtime.failures.RolloutFleetMisconfigured`
+404                         DATA     "The model `x` does not exist." (this shard serves another model) or no such
+                                     path (not an OpenAI API): weighed by blame like the credentials
+400, 413, 422, other 4xx    DATA     the request (this prompt: too long, too large, invalid) is what the server
+                                     refused; confirmed on a second shard, or re-read as the shard's by evidence
 3xx, 1xx                    DATA     a protocol mismatch no other shard fixes (a redirect is reported by the client)
 ==========================  =======  ===========================================================================
 
-Nothing here imports the taxonomy at module level (the taxonomy imports this); :func:`failure_for` builds the
-exception.
+Nothing here imports the taxonomy at module level (the taxonomy imports this): :func:`verdict` asks it for the
+status's class, :func:`failure_for` builds the exception.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from rollout_runtime.failures import RolloutFailure
 
 __all__ = [
+    "SHARD_OR_FLEET",
     "HttpVerdict",
     "completion_problem",
     "failure_for",
@@ -50,17 +52,23 @@ __all__ = [
     "not_a_completion",
     "retry_after_seconds",
     "server_message",
-    "status_is_infra",
     "verdict",
 ]
 
 Kind = Literal[
-    "backpressure", "credentials", "model_missing", "invalid_request", "server_error", "not_a_completion", "protocol"
+    "backpressure",
+    "model_missing",
+    "shard_or_fleet",
+    "invalid_request",
+    "server_error",
+    "not_a_completion",
+    "protocol",
 ]
 
-_RETRIABLE: Final[frozenset[int]] = frozenset({408, 425, 429})
-_CREDENTIALS: Final[frozenset[int]] = frozenset({401, 403, 407})
-_NOT_SERVED: Final[int] = 404
+SHARD_OR_FLEET: Final[frozenset[int]] = frozenset({401, 403, 404, 407})
+"""Answers that say "this shard or this fleet is wrong": a rejected key (the proxy's, 407), a model or a path the shard
+does not serve. DATA by the first verdict like any 4xx, but never the prompt's: the dispatcher's blame weighs whose
+(one sick shard, or a misconfigured fleet)."""
 _MODEL_MISSING: Final[re.Pattern[str]] = re.compile(
     r"model [`'\"]?.*[`'\"]? does not exist|model .*not found|no such model|unknown model", re.IGNORECASE
 )
@@ -89,21 +97,19 @@ def is_backpressure(status: int | None, retry_after: float | None) -> bool:
     return status == 429 or (status == 503 and retry_after is not None)
 
 
-def status_is_infra(status: int, message: str = "") -> bool:
-    """The first verdict of an HTTP error status (see the module table); a bool for every int."""
-    return status >= 500 or status in _RETRIABLE or status in _CREDENTIALS or status == _NOT_SERVED
-
-
 def verdict(status: int, message: str = "", retry_after: float | None = None) -> HttpVerdict:
-    """The first verdict of an error status, with its kind (what the blame and the run-level error say)."""
-    infra = status_is_infra(status, message)
+    """The first verdict of an error status (:func:`~rollout_runtime.failures.http_status_is_infra`), with its kind
+    (what the failure's message says)."""
+    from rollout_runtime.failures import http_status_is_infra
+
+    infra = http_status_is_infra(status)
     kind: Kind
     if is_backpressure(status, retry_after):
         kind = "backpressure"
-    elif status in _CREDENTIALS:
-        kind = "credentials"
     elif model_missing(status, message):
         kind = "model_missing"
+    elif status in SHARD_OR_FLEET:
+        kind = "shard_or_fleet"
     elif infra:
         kind = "server_error"
     elif 400 <= status < 500:
@@ -180,18 +186,20 @@ def completion_problem(payload: Any, *, chat: bool) -> str | None:
 
 def failure_for(found: HttpVerdict, where: str) -> RolloutFailure:
     """The taxonomy exception for a verdict: GenerationUnavailable (infra) or RolloutDataFailure, carrying the status
-    and the Retry-After, with the server's own message (a data failure's message is the ledger's reason)."""
+    and the Retry-After, with the server's own message (a data failure's message is the ledger's reason; one about
+    the shard or the fleet, such as a 401, also names the shard that gave it)."""
     from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure
 
-    if not found.infra:
-        return RolloutDataFailure(found.message, status=found.status, retry_after=found.retry_after)
     if found.kind == "model_missing":
         text = f"{where} does not serve the model: {found.message}"
     elif found.kind == "not_a_completion":
         text = f"{where} returned {found.status} with a body that is not a completion: {found.message}"
-    else:
+    elif found.infra or found.kind == "shard_or_fleet":
         text = f"{where} answered HTTP {found.status}: {found.message}"
-    return GenerationUnavailable(text, status=found.status, retry_after=found.retry_after)
+    else:
+        text = found.message
+    failure = GenerationUnavailable if found.infra else RolloutDataFailure
+    return failure(text, status=found.status, retry_after=found.retry_after)
 
 
 def not_a_completion(status: int, problem: str) -> HttpVerdict:

@@ -17,8 +17,11 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
+from click.testing import CliRunner
 
+from rollout_runtime.cli.classify import classify
 from rollout_runtime.dispatch import Completed, DataFailed, Dispatcher, DispatchPolicy
+from rollout_runtime.environment import rollout_failure_for_http_error
 from rollout_runtime.failures import FailureClass, RolloutFleetMisconfigured, diagnose
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.shards import Shard
@@ -65,6 +68,7 @@ def error_body(message: str) -> str:
 HOSTILE: dict[str, Handler] = {
     "401": answering(401, error_body("Invalid API key")),
     "403": answering(403, error_body("Forbidden")),
+    "407": answering(407, "Proxy Authentication Required", "text/plain"),
     "404-model": answering(404, error_body("The model `m` does not exist.")),
     "404-path": answering(404, "404: Not Found", "text/plain"),
     "413": answering(413, "Request Entity Too Large", "text/plain"),
@@ -73,6 +77,17 @@ HOSTILE: dict[str, Handler] = {
     "200-html": answering(200, "<html><body>Please sign in</body></html>", "text/html"),
     "200-no-choices": answering(200, json.dumps({"choices": []})),
     "200-error-object": answering(200, json.dumps({"error": {"message": "engine overloaded"}})),
+}
+
+
+SHARD_OR_FLEET = ["401", "403", "404-model", "404-path", "407"]
+"""Answers that say "this shard or this fleet is wrong": DATA by the first verdict, weighed by blame."""
+FLEET_ERRORS = {
+    "401": "every shard answers 401 Unauthorized: check the API key",
+    "403": "every shard answers 403 Forbidden: check the API key's permissions",
+    "404-model": "every shard answers 404 Not Found: check the endpoint URL and the model name",
+    "404-path": "every shard answers 404 Not Found: check the endpoint URL and the model name",
+    "407": "every shard answers 407 Proxy Authentication Required: check the proxy credentials",
 }
 
 
@@ -107,15 +122,18 @@ async def dispatch(shards: list[Shard], prompts: list[str], policy: DispatchPoli
         return outcomes, error, run, d
 
 
-async def test_every_shard_answering_401_ends_the_run_naming_the_key_within_two_attempts_per_shard() -> None:
-    async with fleet([HOSTILE["401"]] * 4) as (shards, answered):
+@pytest.mark.parametrize("behaviour", SHARD_OR_FLEET)
+async def test_every_shard_answering_it_ends_the_run_naming_the_cause_within_two_attempts_per_shard(
+    behaviour: str,
+) -> None:
+    async with fleet([HOSTILE[behaviour]] * 4) as (shards, answered):
         outcomes, error, run, _ = await dispatch(shards, [f"p{i}" for i in range(200)])
     assert sum(answered.values()) >= 4, "the fault never hit"
     assert isinstance(error, RolloutFleetMisconfigured)
-    assert "every shard answers 401 Unauthorized: check the API key" in str(error)
+    assert FLEET_ERRORS[behaviour] in str(error)
     assert [o for o in outcomes if isinstance(o, DataFailed)] == [], "a sick fleet data-failed prompts"
     assert run.stats.attempts <= 2 * len(shards) + POLICY.max_concurrency, "attempts ended before the error"
-    assert run.stats.infra_failures + run.stats.data_failures <= 2 * len(shards) + POLICY.max_concurrency
+    assert run.stats.infra_failures + run.stats.data_failures <= 2 * len(shards), "failed attempts before the error"
     assert_accounted(run, outcomes, range(200))
 
 
@@ -131,6 +149,40 @@ async def test_two_hostile_shards_of_four_data_fail_no_prompt_and_are_ejected(be
     assert all(isinstance(o, Completed) and o.shard in {"shard-0", "shard-1"} for o in outcomes)
     hit = {name for name in ("shard-2", "shard-3") if answered[name] >= 2}
     assert hit <= set(dispatcher.ejected), f"a shard that answered {behaviour} to several prompts kept its traffic"
+    assert_accounted(run, outcomes, range(64))
+
+
+HELD_UNTIL = 12
+"""Hostile answers before the healthy shards answer anything: half of the first wave (8 of 16 in flight) and the
+immediate retries of half of those (4), which land on the other hostile shard: 4 prompts have met both."""
+
+
+@pytest.mark.parametrize("behaviour", SHARD_OR_FLEET)
+async def test_hostile_answers_before_anything_is_served_data_fail_no_prompt(behaviour: str) -> None:
+    """A rejected key comes back in a millisecond, a generation in seconds: prompts meet both hostile shards before
+    any shard has served anything, when the prompt's data budget (2) alone would data-fail them."""
+    gate, unserved = asyncio.Event(), Counter[str]()  # hostile answers per prompt while nothing was served
+
+    async def hostile(payload: dict[str, Any]) -> web.StreamResponse:
+        if not gate.is_set():
+            unserved[payload["prompt"]] += 1
+            if unserved.total() >= HELD_UNTIL:
+                gate.set()  # the healthy shards answer only now
+        return await HOSTILE[behaviour](payload)
+
+    async def held(payload: dict[str, Any]) -> web.StreamResponse:
+        await gate.wait()
+        return await healthy(payload)
+
+    async with fleet([held, held, hostile, hostile]) as (shards, _):
+        outcomes, error, run, dispatcher = await dispatch(shards, [f"p{i}" for i in range(64)])
+    assert gate.is_set(), "the hostile shards were not asked before the healthy ones served"
+    assert max(unserved.values()) >= 2, f"no prompt met both hostile shards before anything was served: {unserved}"
+    assert error is None
+    kinds = by_kind(outcomes)
+    assert kinds["data_failed"] == [], [o.reason for o in kinds["data_failed"]]
+    assert len(kinds["completed"]) == 64
+    assert {"shard-2", "shard-3"} <= set(dispatcher.ejected)
     assert_accounted(run, outcomes, range(64))
 
 
@@ -164,13 +216,13 @@ async def test_backpressure_goes_elsewhere_and_ejects_nothing(busy: Handler) -> 
     assert run.stats.skipped == 0
 
 
-# --- the same answer, the same first verdict, whichever client read it ----------------------------------------------
+# --- the same answer, the same first verdict, whichever client read it (and the classify CLI) -------------------------
 
 VERDICTS = {
-    401: FailureClass.INFRA,
-    403: FailureClass.INFRA,
-    407: FailureClass.INFRA,
-    404: FailureClass.INFRA,  # "The model `m` does not exist." (and any other 404)
+    401: FailureClass.DATA,  # the shard's or the fleet's, never the prompt's: blame weighs it (tests above)
+    403: FailureClass.DATA,
+    407: FailureClass.DATA,
+    404: FailureClass.DATA,  # "The model `m` does not exist." (and any other 404)
     413: FailureClass.DATA,
     422: FailureClass.DATA,
     400: FailureClass.DATA,
@@ -215,8 +267,12 @@ async def test_every_client_gives_the_same_first_verdict(status: int) -> None:
                 caught["aiohttp"] = exc
     assert set(caught) == {"GenerationClient", "httpx", "openai", "aiohttp"}, "a client did not raise"
     assert answered["shard-0"] == 4
+    caught["EnvironmentClient"] = rollout_failure_for_http_error(status, body_for(status))
     verdicts = {name: (diagnose(exc).failure_class, diagnose(exc).status) for name, exc in caught.items()}
     assert set(verdicts.values()) == {(VERDICTS[status], status)}, verdicts
+    printed = CliRunner().invoke(classify, ["--status", str(status)])
+    assert f"HTTP {status}: {VERDICTS[status].value}" in printed.output, printed.output
+    assert ("never the prompt's" in printed.output) is (status in {401, 403, 404, 407}), printed.output
 
 
 async def test_a_hung_request_is_not_needed_to_tell_them_apart() -> None:

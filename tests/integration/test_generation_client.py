@@ -79,19 +79,7 @@ async def test_retriable_statuses_are_generation_unavailable(client: GenerationC
     assert (await client.complete(sim, "hi")).text == "hi"
 
 
-@pytest.mark.parametrize("status", [401, 403, 404, 407])
-async def test_credential_and_not_found_statuses_are_the_shards_not_the_prompts(
-    client: GenerationClient, sim: Shard, status: int
-) -> None:
-    """A rejected key says nothing about the prompt: infra, so blame can eject the shard or end a misconfigured run."""
-    await set_faults(sim, fail_next=1, error_status=status)
-    with pytest.raises(GenerationUnavailable) as caught:
-        await client.complete(sim, "hi")
-    assert caught.value.status == status
-    assert f"HTTP {status}" in str(caught.value)
-
-
-@pytest.mark.parametrize("status", [400, 413, 422])
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 407, 413, 422])
 async def test_other_client_errors_are_data_failures(client: GenerationClient, sim: Shard, status: int) -> None:
     await set_faults(sim, fail_next=1, error_status=status)
     with pytest.raises(RolloutDataFailure) as caught:
@@ -100,9 +88,22 @@ async def test_other_client_errors_are_data_failures(client: GenerationClient, s
     assert f"HTTP {status}" in str(caught.value)
 
 
-async def test_a_shard_serving_another_model_is_unavailable_not_bad_data(client: GenerationClient, sim: Shard) -> None:
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+async def test_an_answer_about_the_shard_or_the_fleet_names_the_shard(
+    client: GenerationClient, sim: Shard, status: int
+) -> None:
+    """Data by its status, but never the prompt's: the message (the ledger's reason) says which shard gave it."""
+    await set_faults(sim, fail_next=1, error_status=status)
+    with pytest.raises(RolloutDataFailure) as caught:
+        await client.complete(sim, "hi")
+    assert f"shard {sim.name}" in str(caught.value)
+    assert f"answered HTTP {status}" in str(caught.value)
+
+
+async def test_a_shard_serving_another_model_says_so(client: GenerationClient, sim: Shard) -> None:
+    """A 404 like any other 4xx by its first verdict, with words that name the cause (blame weighs whose it is)."""
     await set_faults(sim, wrong_model="llama-3")
-    with pytest.raises(GenerationUnavailable, match="does not serve the model") as caught:
+    with pytest.raises(RolloutDataFailure, match="does not serve the model") as caught:
         await client.complete(sim, "hi")
     assert caught.value.status == 404
 

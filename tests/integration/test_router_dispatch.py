@@ -77,6 +77,29 @@ async def test_each_request_is_its_own_prompt_so_a_shard_failing_every_request_i
     assert len(prompts) == len(statuses), f"{len(statuses)} requests were {len(prompts)} prompt(s) to the dispatcher"
 
 
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+async def test_a_shard_answering_401_while_another_serves_is_ejected_and_no_client_gets_its_answer(status: int) -> None:
+    """A 401 is DATA by its status (the router relays a shard's 4xx), but never the prompt's: one shard answering it
+    while another serves is a sick shard, and the request goes to the other one, from the first request on."""
+    events = Events()
+    async with SimFleet(2) as fleet, aiohttp.ClientSession() as http:
+        sick, well = fleet.names
+        await fleet.set_faults(sick, fail_next=1000, error_status=status)
+        async with routing(StaticShardSource(fleet.shards), events, 2) as (_, server):
+            statuses, served_by = [], []
+            for index in range(20):
+                body = {**COMPLETION, "prompt": f"What is {index} + 1?"}
+                async with http.post(server.url + "/v1/completions", json=body) as response:
+                    statuses.append(response.status)
+                    served_by.append(response.headers.get(SHARD_HEADER))
+        sick_stats = await fleet.stats(sick)
+
+    assert sick_stats.get(f"errors_{status}", 0) >= 2, f"the sick shard answered {status} to fewer than two requests"
+    assert statuses == [200] * len(statuses), statuses
+    assert set(served_by) == {well}
+    assert set(events.ejected) == {sick}, f"the sick shard was not ejected after {len(statuses)} requests"
+
+
 async def _refit(fleet: SimFleet, source: LocalShardSource, http: aiohttp.ClientSession, version: int) -> None:
     async def update(name: str) -> None:
         body = {"model_path": f"/ckpt/step-{version}", "weight_version": str(version)}

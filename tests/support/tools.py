@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import pins
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VERSIONS_FILE = REPO_ROOT / "tools" / "versions.env"
 INSTALL_HINT = "run `bash scripts/install-tools.sh` (scripts/test does it before pytest)"
 
 # binary name -> (install directory prefix, versions.env key)
@@ -33,16 +34,8 @@ class ToolMissingError(RuntimeError):
     """A tool the test needs is not installed; the message says how to install it."""
 
 
-@functools.cache
-def versions() -> dict[str, str]:
-    """The pinned versions, parsed from the same KEY=value file the install script sources."""
-    pins: dict[str, str] = {}
-    for line in VERSIONS_FILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            pins[key.strip()] = value.strip()
-    return pins
+versions = functools.cache(pins.versions)
+"""The pinned versions, parsed from the same KEY=value file the install script sources (tools/pins.py reads it)."""
 
 
 def cache_root() -> Path:

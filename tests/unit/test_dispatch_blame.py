@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_runtime.dispatch.blame import Blame, Evidence, Signature, judge, signature
 from rollout_runtime.dispatch.share import MIN_SHARE, Shares
-from rollout_runtime.failures import Diagnosis, FailureClass
+from rollout_runtime.failures import Diagnosis, FailureClass, http_status_is_infra
 
 SHARDS = ("a", "b", "c", "d")
 
 
 def diag(
-    status: int | None, reason: str = "boom", *, infra: bool = True, retry_after: float | None = None
+    status: int | None, reason: str = "boom", *, infra: bool | None = None, retry_after: float | None = None
 ) -> Diagnosis:
+    """A failed attempt's diagnosis; its class is the status's first verdict unless ``infra`` says otherwise."""
+    if infra is None:
+        infra = status is None or http_status_is_infra(status)
     return Diagnosis(
         failure_class=FailureClass.INFRA if infra else FailureClass.DATA,
         failure_type="GenerationUnavailable" if infra else "RolloutDataFailure",
@@ -127,6 +131,53 @@ def test_a_failure_that_follows_one_shard_while_others_serve_its_prompts_is_a_si
     sig = signature(diag(422, "bad", infra=False), "a", "")
     assert sig is not None
     assert evidence.judged_sick("a", sig)
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+def test_an_answer_about_the_shard_or_the_fleet_from_one_shard_while_others_serve_is_a_sick_shard(status: int) -> None:
+    """The first verdict is DATA; the evidence says whose it is, and the charges the shard made are refunded."""
+    evidence = Evidence()
+    assert fail(evidence, 1, "a", diag(status)) is Blame.FIRST_VERDICT
+    evidence.succeeded("b", 1)
+    assert fail(evidence, 2, "a", diag(status)) is Blame.SICK_SHARD
+    sig = signature(diag(status), "a", "")
+    assert sig is not None
+    assert evidence.judged_sick("a", sig), "the data charges shard a made are not refunded"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+def test_an_answer_about_the_shard_or_the_fleet_never_convicts_a_prompt(status: int) -> None:
+    """Shards that served others give one prompt the same answer: a 400 makes it poison, a 401 never does; nor does
+    its data budget or its infra budget running out on that answer (data verdicts are never confirmed)."""
+    for answer, convicts in ((400, True), (status, False)):
+        evidence = Evidence()
+        for shard in SHARDS:
+            evidence.succeeded(shard, f"other-{shard}")
+        fail(evidence, 5, "a", diag(answer))
+        assert (fail(evidence, 5, "b", diag(answer)) is Blame.POISON) is convicts
+        sig = signature(diag(answer), "a", "")
+        assert sig is not None
+        assert evidence.confirmed(5, sig) is convicts
+        assert evidence.followed(5, sig) is convicts
+    nothing_served = Evidence()
+    fail(nothing_served, 6, "a", diag(status))
+    sig = signature(diag(status), "a", "")
+    assert sig is not None
+    assert not nothing_served.confirmed(6, sig), "nothing to compare with, and still not the prompt's"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 407])
+def test_an_answer_about_the_fleet_stands_once_every_shard_gave_it_to_the_prompt(status: int) -> None:
+    """Not the prompt's, but the fleet's: no shard would answer otherwise (a router relays it to its client as it
+    came), while one shard that answered otherwise keeps it open."""
+    evidence = Evidence()
+    sig = signature(diag(status), "a", "")
+    assert sig is not None
+    for shard in SHARDS[:-1]:
+        fail(evidence, 1, shard, diag(status))
+        assert not evidence.confirmed(1, sig), f"only {shard} and those before it answered"
+    fail(evidence, 1, SHARDS[-1], diag(status))
+    assert evidence.confirmed(1, sig)
 
 
 def test_two_poison_prompts_on_one_healthy_shard_do_not_make_it_sick() -> None:

@@ -17,6 +17,7 @@ from rollout_runtime.environment import (
     is_retryable_dependency_status,
     unhandled_episode_failure,
 )
+from rollout_runtime.environment.failures import _RETRYABLE_CLIENT_ERROR_STATUSES
 from rollout_runtime.failures import http_status_is_infra
 
 
@@ -28,6 +29,17 @@ def test_every_status_is_retryable_exactly_when_the_runtime_calls_it_infra() -> 
     """Every status in 100..599 at once: the environment side and the generation side agree on each."""
     disagree = [s for s in range(100, 600) if is_retryable_dependency_status(s) is not http_status_is_infra(s)]
     assert disagree == []
+
+
+def test_the_retryable_client_error_table_is_408_425_429_and_says_what_is_retried() -> None:
+    """Seed 004's contract, over its table: 408, 425, 429 and every 5xx are retried; every other 4xx is terminal."""
+    assert sorted(_RETRYABLE_CLIENT_ERROR_STATUSES) == [408, 425, 429]
+    wrong = [
+        s
+        for s in range(100, 600)
+        if is_retryable_dependency_status(s) is not (s >= 500 or s in _RETRYABLE_CLIENT_ERROR_STATUSES)
+    ]
+    assert wrong == []
 
 
 @pytest.mark.parametrize("status", [-1, 0, 99, 600, 1000])

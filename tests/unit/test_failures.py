@@ -163,9 +163,9 @@ async def test_asyncio_timeouts_are_infra() -> None:
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 407])
-def test_credential_and_not_found_answers_are_infra_through_any_client(status: int) -> None:
-    """The shard's credentials or the model/path it serves, never the prompt: the same first verdict everywhere."""
-    assert classify_rollout_failure(response_error(status)) is INFRA
+def test_credential_and_not_found_answers_are_data_through_any_client(status: int) -> None:
+    """The seed's first verdict, as for any 4xx: whether the shard or the fleet is wrong is blame's to weigh."""
+    assert classify_rollout_failure(response_error(status)) is DATA
 
 
 def test_response_error_is_judged_by_status_not_type() -> None:

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from rollout_runtime import http_verdicts
 from rollout_runtime.failures import (
     MAX_MESSAGE_CHARS,
     FailureClass,
@@ -37,6 +36,7 @@ from rollout_runtime.failures import (
     RolloutTimeout,
     classify_rollout_failure,
     failure_type,
+    http_status_is_infra,
     to_picklable_failure,
 )
 from support.chaos import write_tally
@@ -170,7 +170,7 @@ def expected(chain: tuple[Link, ...]) -> tuple[bool, bool]:
         elif link.kind == "infra":
             infra = True
         elif link.kind == "response":
-            infra = infra or http_verdicts.status_is_infra(link.status, "fuzzed")
+            infra = infra or http_status_is_infra(link.status)
     return False, infra
 
 

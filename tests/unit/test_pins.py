@@ -1,4 +1,4 @@
-"""scripts/pins.py: which Debian revision serves a pinned upstream version, and what a rotten pin says.
+"""tools/pins.py: which Debian revision serves a pinned upstream version, and what a rotten pin says.
 
 The registry look-ups themselves run as the first step of scripts/test (tests never leave 127.0.0.0/8); these are
 the rules they apply.
@@ -6,20 +6,12 @@ the rules they apply.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 
 import pytest
 
-from support.tools import REPO_ROOT, versions
-
-_spec = importlib.util.spec_from_file_location("pins", REPO_ROOT / "scripts" / "pins.py")
-assert _spec
-assert _spec.loader
-pins = importlib.util.module_from_spec(_spec)
-sys.modules["pins"] = pins
-_spec.loader.exec_module(pins)
+import pins
+from support.tools import versions
 
 
 def newer_by(order: list[str]) -> Callable[[str, str], bool]:

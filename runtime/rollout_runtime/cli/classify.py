@@ -19,6 +19,7 @@ from rollout_runtime.failures import (
     http_status_is_infra,
     to_picklable_failure,
 )
+from rollout_runtime.http_verdicts import SHARD_OR_FLEET
 
 
 def _response_error(status: int, message: str) -> aiohttp.ClientResponseError:
@@ -84,4 +85,6 @@ def classify(statuses: tuple[int, ...]) -> None:
         )
     console.print(table)
     for status in statuses:
-        console.print(f"HTTP {status}: {'infra' if http_status_is_infra(status) else 'data'}")
+        note = " (never the prompt's: one shard answering it is ejected, every shard ends the run)"
+        shown = "infra" if http_status_is_infra(status) else "data" + (note if status in SHARD_OR_FLEET else "")
+        console.print(f"HTTP {status}: {shown}", soft_wrap=True)

@@ -27,6 +27,10 @@ HTTP status, normalised reason) follows:
   that gave it serve other prompts and agree (:meth:`Evidence.confirmed`; the dispatcher checks the agreement);
   otherwise the answer may be the shards' (two of four answering 413 to everything), and the attempt is charged as
   infra instead;
+- **this shard or this fleet is wrong** (401, 403, 404, 407): DATA by the first verdict, like any 4xx, but never the
+  prompt's: such an answer never makes a prompt poison (not even by elimination) and confirms a data verdict only as
+  the fleet's answer, once every shard met gave it to that prompt (a router relays it). So one shard answering it
+  while others serve is a sick shard (its charges refunded), every shard answering it a misconfigured fleet;
 - otherwise the first verdict stands, except that a shard which answered with a status that could be a poison
   prompt's or a misconfiguration's (:func:`waits_for_evidence`: 401, 404, 500, a 200 that is not a completion...) is
   not ejected on one failure: that waits for the evidence above. A transient status (502, 503, 504, 408, 425) and a
@@ -47,7 +51,8 @@ from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Final
 
-from rollout_runtime.failures import Diagnosis
+from rollout_runtime.failures import Diagnosis, http_status_is_infra
+from rollout_runtime.http_verdicts import SHARD_OR_FLEET
 
 __all__ = ["Blame", "Evidence", "Signature", "Verdict", "judge", "signature", "waits_for_evidence"]
 
@@ -60,8 +65,9 @@ _KEEP: Final[int] = 8
 """Members kept per evidence set: blame needs to count to two (or to the shard count), not to a million."""
 _MAX_SIGNATURES: Final[int] = 256
 """Fleet-wide signatures remembered; the oldest is forgotten first."""
-_TRANSIENT: Final[frozenset[int]] = frozenset({408, 425, 429, 502, 503, 504})
-"""Statuses that say "not now", never "never": they cannot make a fleet misconfigured."""
+_TRANSIENT: Final[frozenset[int]] = frozenset({502, 503, 504, *(s for s in range(400, 500) if http_status_is_infra(s))})
+"""Statuses that say "not now", never "never": the 4xx the first verdict retries (408, 425, 429) and a gateway's or a
+busy server's 502, 503, 504. They cannot make a fleet misconfigured, nor a prompt poison."""
 _ABOUT_THE_REQUEST: Final[frozenset[int]] = frozenset({400, 413, 422, 500})
 """Answers that a single prompt's content explains: fleet-wide only on more failed attempts than are in flight."""
 _REASON_CHARS: Final[int] = 160
@@ -140,7 +146,7 @@ class Evidence:
     def followed(self, prompt: Hashable, sig: Signature | None) -> bool:
         """Whether this non-transient answer is the only one ``prompt`` got, from at least two distinct shards: when
         its infra budget runs out that way, the prompt is the common factor (a poison prompt by elimination)."""
-        if sig is None or sig[1] in _TRANSIENT:
+        if sig is None or not _could_be_the_prompts(sig[1]):
             return False
         failures = self.prompts.get(prompt, {})
         return set(failures) == {sig} and len(failures[sig]) >= _CONFIRMATIONS
@@ -149,8 +155,11 @@ class Evidence:
         """Whether a data verdict on ``prompt`` may stand: every shard that gave this answer has served other prompts
         (or no shard has served anything yet: there is nothing to compare with). A shard that serves nothing while
         others serve may be answering everything that way (two of four shards answering 413), so its answer alone
-        does not convict a prompt."""
+        does not convict a prompt. An answer about the shard or the fleet (401, 404...) never convicts one: it stands
+        only as the fleet's answer, once every shard met has given it to this prompt (a router relays it as it came)."""
         shards = self.prompts.get(prompt, {}).get(sig, set())
+        if sig[1] in SHARD_OR_FLEET:
+            return bool(shards) and shards.issuperset(self.seen)
         return self.total_successes == 0 or all(self.successes.get(name, 0) > 0 for name in shards)
 
     def forget(self, prompt: Hashable) -> None:
@@ -184,6 +193,11 @@ def waits_for_evidence(sig: Signature | None) -> bool:
     """Whether a failure with this signature ejects its shard only on evidence (not at once): it carries a status that
     a poison prompt or a misconfigured fleet could explain. Transient statuses cannot, and eject at once as before."""
     return sig is not None and sig[1] not in _TRANSIENT
+
+
+def _could_be_the_prompts(status: int) -> bool:
+    """Whether an answer could be the prompt's: not "not now" (transient), not "this shard or this fleet is wrong"."""
+    return status not in _TRANSIENT and status not in SHARD_OR_FLEET
 
 
 def _add(members: set[Hashable] | set[str], member: Hashable) -> None:
@@ -254,7 +268,7 @@ def judge(
             f"last: {diagnosis.reason})",
         )
     serving = [name for name in sorted(on_shards) if evidence.successes.get(name, 0) > 0]
-    if len(serving) >= _CONFIRMATIONS and status not in _TRANSIENT:  # bursts on two shards at once are no poison
+    if len(serving) >= _CONFIRMATIONS and _could_be_the_prompts(status):  # bursts on two shards at once are no poison
         return Verdict(
             Blame.POISON,
             f"poison prompt: the same failure (HTTP {status}) on {len(serving)} shards ({', '.join(serving)}) that "

@@ -4,7 +4,8 @@ An environment server calls others: a generation shard, a tool sandbox, a judge.
 episode fails, and the reply must say whether another attempt could succeed. The status decision is the runtime's
 own: ``is_retryable_dependency_status`` calls :func:`rollout_runtime.failures.http_status_is_infra`, the one
 decision about statuses, so the environment side and the generation side can never drift apart (upstream, one of
-two copies of the table lacked 425).
+two copies of the table lacked 425). This side's table keeps upstream's name, ``_RETRYABLE_CLIENT_ERROR_STATUSES``,
+and is read off that decision rather than copied from it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ __all__ = [
     "raise_for_dependency_status",
 ]
 
+_RETRYABLE_CLIENT_ERROR_STATUSES: Final[frozenset[int]] = frozenset(
+    s for s in range(400, 500) if http_status_is_infra(s)
+)
+"""The 4xx statuses worth another episode attempt (408, 425, 429): every other 4xx is terminal, every 5xx retried."""
+
 MAX_FAILURE_REASON_CHARS: Final[int] = MAX_MESSAGE_CHARS
 """A failure reason's bound (2000): enough for a dependency's explanation, too small to ship a whole page."""
 
@@ -42,8 +48,8 @@ _MAX_BODY_BYTES: Final[int] = 64 * 1024
 def is_retryable_dependency_status(status: int) -> bool:
     """Return whether an HTTP error status from another server is worth another episode attempt.
 
-    408, 425, 429 and every 5xx are retried; every other 4xx is terminal. The decision is
-    :func:`rollout_runtime.failures.http_status_is_infra`, a bool for every int.
+    408, 425, 429 (``_RETRYABLE_CLIENT_ERROR_STATUSES``) and every 5xx are retried; every other 4xx is terminal. The
+    decision is :func:`rollout_runtime.failures.http_status_is_infra`, a bool for every int.
     """
     return http_status_is_infra(status)
 
@@ -53,9 +59,8 @@ def is_retryable_dependency_error(error: BaseException) -> bool:
 
     An HTTP error is classified by its status (see :func:`is_retryable_dependency_status`). A refused or dropped
     connection and a timeout are transient. Any other error, such as a reply that fails validation, would fail the
-    same way again. This is the runtime's INFRA/DATA classification, so both sides agree on every error too, except
-    that a dependency's HTTP status is read by :func:`is_retryable_dependency_status` alone: a tool server's 401 or
-    404 is about this episode's call, not a generation shard's credentials or model.
+    same way again. This is the runtime's INFRA/DATA classification, so both sides agree on every error too; an HTTP
+    error is judged by its status alone (:func:`is_retryable_dependency_status`), whatever it wraps.
     """
     status = getattr(error, "status", None)
     if isinstance(error, aiohttp.ClientResponseError) and isinstance(status, int) and 100 <= status <= 599:
