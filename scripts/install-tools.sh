@@ -221,26 +221,29 @@ install_deb_tool() {
     die "$(tail -n1 "$TOOLS/.$name.resolve.log")"
   fi
   revision="$(sed -n "s/^$name=//p" <<<"$resolved")"
-  local dir="$TOOLS/$name-$revision"
-  if installed "$dir"; then
+  if installed "$TOOLS/$name-$revision"; then
     ln -sfn "$name-$revision" "$link"
     say "$name $upstream: cached (Debian revision $revision)"
     return
   fi
-  local t0=$SECONDS deb bin pkgs=()
+  local t0=$SECONDS deb bin pkgs=() staging="$TOOLS/.$name.deb"
   mapfile -t pkgs <<<"$resolved"
   say "$name $upstream: downloading Debian revision $revision (${pkgs[*]})"
-  rm -rf "$dir"; mkdir -p "$dir/deb" "$dir/bin"
-  if ! (cd "$dir/deb" && apt-get download "${pkgs[@]}" >"$dir/download.log" 2>&1); then
+  rm -rf "$staging"; mkdir -p "$staging"
+  if ! (cd "$staging" && apt-get download "${pkgs[@]}" >"$staging/download.log" 2>&1); then
     # The lists named a revision the archive has since replaced: refresh them, resolve again, retry once.
-    run "$dir/apt-update.log" apt-get update
+    run "$staging/apt-update.log" apt-get update
     resolved="$(deb_resolve "${wanted[@]}")" || die "$name $upstream: no longer resolvable after apt-get update"
-    [[ "$(sed -n "s/^$name=//p" <<<"$resolved")" == "$revision" ]] || { rm -rf "$dir"; install_deb_tool "$name" "$upstream" "$libs" "$@"; return; }
+    revision="$(sed -n "s/^$name=//p" <<<"$resolved")"
     mapfile -t pkgs <<<"$resolved"
-    (cd "$dir/deb" && run "$dir/download.log" apt-get download "${pkgs[@]}")
+    say "$name $upstream: download failed; after apt-get update, downloading Debian revision $revision (${pkgs[*]})"
+    rm -f "$staging"/*.deb
+    (cd "$staging" && run "$staging/download.log" apt-get download "${pkgs[@]}")
   fi
+  local dir="$TOOLS/$name-$revision"
+  rm -rf "$dir"; mkdir -p "$dir/bin"
   printf '%s\n' "${pkgs[@]}" >"$dir/packages.txt"
-  for deb in "$dir"/deb/*.deb; do run "$dir/unpack.log" dpkg-deb -x "$deb" "$dir/root"; done
+  for deb in "$staging"/*.deb; do run "$dir/unpack.log" dpkg-deb -x "$deb" "$dir/root"; done
   for bin in "$@"; do
     local path="usr/sbin/$bin"
     [[ -x "$dir/root/$path" ]] || path="usr/bin/$bin"
@@ -256,7 +259,7 @@ SH
     "$dir/bin/$bin" --version >"$dir/version.log" 2>&1 || "$dir/bin/$bin" -v >"$dir/version.log" 2>&1 \
       || { cat "$dir/version.log" >&2; die "unpacked $bin does not run"; }
   done
-  rm -rf "$dir/deb"
+  rm -rf "$staging"
   touch "$dir/.complete"
   ln -sfn "$name-$revision" "$link"
   say "$name $upstream: Debian revision $revision unpacked in $((SECONDS - t0)) s"

@@ -52,12 +52,12 @@ class Result:
     line: str
 
 
-def _run(check: Callable[[], str | list[str]]) -> list[Result]:
+def _run(check: Callable[[], str]) -> Result:
+    """A check's line, or its PinError's line as a failure."""
     try:
-        lines = check()
+        return Result(True, check())
     except PinError as error:
-        return [Result(False, str(error))]
-    return [Result(True, line) for line in ([lines] if isinstance(lines, str) else lines)]
+        return Result(False, str(error))
 
 
 def versions() -> dict[str, str]:
@@ -185,7 +185,7 @@ def check_debian(wanted: dict[str, str]) -> list[Result]:
     empty, an old machine's may name a revision the archive has since replaced)."""
 
     def one(package: str, upstream: str) -> Result:
-        return _run(lambda: f"debian  {package} {upstream} -> {served_revision(package, upstream)}")[0]
+        return _run(lambda: f"debian  {package} {upstream} -> {served_revision(package, upstream)}")
 
     def each() -> list[Result]:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted)) as pool:
@@ -234,7 +234,7 @@ def local_replacements(gomod: str) -> list[str]:
     return re.findall(r"^\s*(\S+)\s+=>\s+\.\.?/", gomod, flags=re.MULTILINE)
 
 
-def go_checks(pins: dict[str, str]) -> list[Callable[[], str | list[str]]]:
+def go_checks(pins: dict[str, str]) -> list[Callable[[], str]]:
     """One check per module install-tools.sh builds from: kube-apiserver and kube-controller-manager (with every
     staging module their wrapper replaces), etcd (with its siblings) and helm."""
     kube, etcd = pins["KUBERNETES_VERSION"], pins["ETCD_VERSION"]
@@ -245,13 +245,13 @@ def go_checks(pins: dict[str, str]) -> list[Callable[[], str | list[str]]]:
     }
     proxy = go_proxy()
 
-    def check(module: str, version: str, sibling_version: str) -> list[str]:
+    def check(module: str, version: str, sibling_version: str) -> str:
         gomod = go_mod(proxy, module, version)
         siblings = local_replacements(gomod) if sibling_version else []
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda sibling: go_mod(proxy, sibling, sibling_version), siblings))
         extra = f" (+{len(siblings)} sibling modules at {sibling_version})" if siblings else ""
-        return [f"go      {module}@{version}{extra}"]
+        return f"go      {module}@{version}{extra}"
 
     return [functools.partial(check, module, version, siblings) for (module, version), siblings in roots.items()]
 
@@ -299,7 +299,7 @@ def locked_requirements(lock: Path) -> list[tuple[str, str]]:
 
 def check_all() -> list[Result]:
     pins = versions()
-    checks: list[Callable[[], str | list[str]]] = [
+    checks: list[Callable[[], str]] = [
         *go_checks(pins),
         lambda: check_pypi("uv", pins["UV_VERSION"], "wheel"),
         lambda: check_pypi("llama-cpp-python", pins["LLAMA_CPP_PYTHON_VERSION"], "sdist"),
@@ -309,7 +309,7 @@ def check_all() -> list[Result]:
             checks.append(functools.partial(check_pypi, name, version, "any"))
     debian = check_debian(debian_pins(pins))  # apt's lists are refreshed serially, never from two threads
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        return debian + [result for results in pool.map(_run, checks) for result in results]
+        return debian + list(pool.map(_run, checks))
 
 
 def main(argv: list[str]) -> int:
