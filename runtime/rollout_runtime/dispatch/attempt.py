@@ -13,12 +13,6 @@ dispatcher's. Three mechanisms can end an attempt early:
   by the gaps as soon as tokens flow;
 - hedging (``hedge_factor``): still running after the shard's p99 latency x the factor, a second attempt starts on
   another shard, and the first answer wins.
-
-Before it calls the rollout, an attempt waits for room on its shard (:class:`~rollout_runtime.dispatch.gate.Gate`,
-each shard's room learned from its busy answers; at once on a shard never heard busy), and it hands the room back
-with its answer: busy when the answer is a 429 or a 503 with a Retry-After (what ``settle`` calls :class:`Busy`),
-with its Retry-After. The wait is the attempt's (its shard's load, evicted with it) but not its time: the attempt
-timeout, the progress watchdog and the latency figures start once it has room.
 """
 
 from __future__ import annotations
@@ -33,13 +27,11 @@ from typing import Any
 from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.clock import Clock
 from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
-from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.progress import bind_progress, unbind_progress
-from rollout_runtime.dispatch.room import Ticket
 from rollout_runtime.dispatch.rotation import Lease, Rotation, Slot
 from rollout_runtime.dispatch.run import PromptState, Rollout
-from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall, RolloutTimeout, diagnose
+from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall, RolloutTimeout
 from rollout_runtime.weights.gate import WeightsVerdict, WeightsView, weights_verdict
 
 __all__ = ["INTERRUPTS", "AttemptEnd", "Attempts"]
@@ -105,8 +97,6 @@ class Attempts:
         self._rotation = rotation
         self._weights = weights
         self._timings: dict[str, ShardTimings] = {}
-        self.gate = Gate()
-        """Each shard's room, learned from its busy answers, and the attempts waiting for it."""
         self._clock: Clock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -129,19 +119,14 @@ class Attempts:
             state.tried.append(slot.name)
         timeout = self._policy.attempt_timeout_seconds
         started = clock()
-        started_version: int | None = None
+        started_version = self._weights.version_of(slot.name) if self._weights is not None else None
         failure: BaseException | None = None
         evicted = False
         result: Any = None
         deadline: asyncio.Timeout | None = None
-        watch: AttemptClock | None = None
-        ticket: Ticket | None = None
+        watch = self._attempt_clock(slot.name, started)
         try:
             try:
-                ticket = await self.gate.enter(slot.name)  # room on the shard first: its wait is not the attempt's time
-                started = clock()
-                started_version = self._weights.version_of(slot.name) if self._weights is not None else None
-                watch = self._attempt_clock(slot.name, started)
                 if timeout is None:
                     result = await self._watched(rollout, slot, state, record, watch, accounts)
                 else:
@@ -177,8 +162,6 @@ class Attempts:
                 if record.evicted:
                     task.uncancel()  # the rollout swallowed the cancellation; its result still stands
         finally:
-            if ticket is not None:
-                self._leave(ticket, failure)
             rotation.release(slot, record)
             accounts.attempt_stopped()
         seconds = clock() - started
@@ -189,26 +172,6 @@ class Attempts:
         verdict = self._verdict(record, slot, started_version)
         watch = watch if record.won_on is None else None  # a hedge's answer says nothing of this shard's latency
         return AttemptEnd(slot, answered_by, started, seconds, result=result, verdict=verdict, watch=watch)
-
-    def _leave(self, ticket: Ticket, failure: BaseException | None) -> None:
-        """Hand the room back with the answer: busy (a 429, or a 503 with a Retry-After) teaches the shard's room."""
-        diagnosis = diagnose(failure) if failure is not None else None
-        if diagnosis is not None and diagnosis.backpressure:
-            self.gate.leave(ticket, busy=True, retry_after=diagnosis.retry_after)
-        else:
-            self.gate.leave(ticket)
-
-    async def _gated(self, slot: Slot, call: _Call) -> Any:
-        """A hedge's call on ``slot``: it too waits for room there and hands it back with its answer."""
-        ticket = await self.gate.enter(slot.name)
-        failure: BaseException | None = None
-        try:
-            return await call.rollout(slot.shard, call.state.prompt)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            self._leave(ticket, failure)
 
     def committed(self, end: AttemptEnd) -> None:
         """The attempt's answer is committed: its latency joins its shard's timings."""
@@ -319,7 +282,7 @@ class Attempts:
         loser's shard (the winner's is the attempt's own outcome)."""
         state, record, accounts = call.state, call.record, call.accounts
         clock = self._bound_clock().monotonic
-        hedge = asyncio.ensure_future(self._gated(other, call))
+        hedge = asyncio.ensure_future(call.rollout(other.shard, state.prompt))
         hedge_record = Lease(hedge)
         hedge_version = self.version_of(other.name)
         self._rotation.occupy(other, hedge_record)  # an eviction of the hedge's shard cancels the hedge only

@@ -54,7 +54,6 @@ from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.attempt import INTERRUPTS, AttemptEnd, Attempts
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.drops import DropCounts, DropKind
-from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.ledger import FailureLedger
 from rollout_runtime.dispatch.outcomes import Completed, DataFailed, DispatchEvent, PromptId, RunStats, Skipped
 from rollout_runtime.dispatch.policy import DispatchPolicy
@@ -200,11 +199,6 @@ class Dispatcher:
     def in_flight(self) -> int:
         """Attempts running now, over every run (each run's ``stats.in_flight`` is the count; this is its sum)."""
         return sum(run.stats.in_flight for run in tuple(self._runs))
-
-    @property
-    def gate(self) -> Gate:
-        """Each shard's room learned from its busy answers, and the attempts waiting for it (``dispatch/gate``)."""
-        return self._attempts.gate
 
     def outstanding(self) -> dict[str, int]:
         """Attempts in flight per healthy shard."""
@@ -452,8 +446,7 @@ class Dispatcher:
             run.fail_prompt(state, error)
             return
         if isinstance(action, Busy):
-            self._rotation.busy(slot)
-            self._retry(run, state, 0.0)  # sent when a shard has room: the gate holds it, not a Retry-After timer
+            self._retry(run, state, self._rotation.busy(slot, diagnosis))
             return
         if settled.eject and (ejection := self._rotation.eject(slot.name, end.seconds)) is not None:
             run.accounts.ejected(slot.name, ejection)

@@ -1,4 +1,4 @@
-"""The dispatcher's queues in front of each shard's room (``dispatch/gate.py``), on looptime's clock."""
+"""The router's queues in front of each shard's room (``router/gate.py``), on looptime's clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.room import Ticket
+from rollout_runtime.router.gate import Gate
 
 
 async def busy_at(gate: Gate, shard: str, cap: int, retry_after: float) -> list[Ticket]:
