@@ -39,11 +39,11 @@ def loadgen_binary() -> Path:
     return binary
 
 
-async def loadgen(urls: Sequence[str], requests: int, concurrency: int) -> LoadgenResult:
+async def loadgen(urls: Sequence[str], requests: int, concurrency: int, model: str = "") -> LoadgenResult:
     """``requests`` completions, ``concurrency`` at a time, round-robin over ``urls`` (after one warm-up request per
-    worker)."""
+    worker); each body names ``model`` unless it is empty."""
     process = await asyncio.create_subprocess_exec(
-        str(loadgen_binary()), "-c", str(concurrency), "-n", str(requests), *urls,
+        str(loadgen_binary()), "-c", str(concurrency), "-n", str(requests), "-model", model, *urls,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await process.communicate()

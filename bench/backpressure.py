@@ -2,12 +2,13 @@
 
 N sim shards (real subprocesses) each serve at most C generations at once, each taking T seconds; one more is
 answered 429 with ``Retry-After: 1`` at once. R requests, K at a time (K well past N x C), go through two fronts in
-turn: ``rollout-fleet router`` (a subprocess; it learns each shard's room from its 429s and queues the rest,
-``router/gate.py``) and the library's dispatcher with its generation client in this process. The capacity bound is
+turn: ``rollout-fleet router`` (a subprocess) and the library's dispatcher with its generation client in this
+process; both learn each shard's room from its 429s and queue the rest (``dispatch/gate.py``, the router's requests
+going through its dispatcher). The capacity bound is
 R x T / (N x C): no front can finish sooner. A third front, "ideal", is the client itself keeping each shard at
 exactly C (it knows the caps): the bound as this machine meets it in the same run. Reported per front: wall time and
 its ratio to the bound, 429 answers per request (the shards' own counts), p50/p99 latency, errors. Targets for the
-router: within 10% of the bound and at most one 429 per 10 requests.
+router and the library: within 10% of the bound and at most one 429 per 10 requests.
 
     python bench/backpressure.py             # 4 shards x 12, 0.1 s generations, 2,000 requests, 256 at a time
     python bench/backpressure.py --smoke     # tiny sizes (CI; no numbers asserted)

@@ -1,8 +1,9 @@
 """What does ``rollout-fleet router`` add in front of healthy shards? Measured against nginx in the same run.
 
-The same sim shards (real subprocesses, no injected latency, no chaos) behind four fronts: none (the client calls
+The same sim shards (real subprocesses, no injected latency, no chaos) behind six fronts: none (the client calls
 the shards round-robin itself), nginx (bench/_peers.py's config), the least an aiohttp proxy can do
-(bench/_aiohttp_floor.py: an aiohttp server and aiohttp's client, no dispatcher) and the router (a subprocess, local
+(bench/_aiohttp_floor.py: an aiohttp server and aiohttp's client, no dispatcher), the field's routers vllm-router and
+sglang-router (bench/_field_routers.py: Rust, configured for production) and the router (a subprocess, local
 probing). The same client sends the same prompts through each at C concurrent requests, each prompt once, in
 interleaved rounds (6 by default; nginx and the router run back to back, and every other round runs the fronts in
 reverse order, so that drift of the machine cancels instead of favouring one front). Reported per front, as medians
@@ -25,7 +26,7 @@ With no injected latency the shards answer as fast as they can and the closed lo
 every front's latency is queueing (p50 ~ concurrency / throughput) and the run measures the router's throughput
 ceiling; ``--latency`` measures what it adds to a request when nothing saturates.
 
-Needs nginx and the load generator: ``bash scripts/install-tools.sh nginx loadgen``.
+Needs nginx, the field routers and the load generator: ``bash scripts/install-tools.sh nginx router-peers loadgen``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from statistics import median
 import aiohttp
 
 from _aiohttp_floor import READY as FLOOR_READY
+from _field_routers import ROUTERS as FIELD_ROUTERS
+from _field_routers import FieldRouter
 from _loadgen import loadgen
 from _peers import Nginx, ProxySettings
 from _proc import cpu_seconds, process_tree
@@ -52,6 +55,8 @@ from rollout_runtime.router.process import spawn_router
 from rollout_runtime.sim import SimFleet
 
 MARKER = "router overhead vs nginx"
+MODEL = "sim-model"
+"""The sim shards' model, named in every request: sglang-router refuses a body without one (422)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ async def drive(
     cpu = [cpu_seconds(pid) for pid in pids]
     client_started = _client_cpu(client)
     if client == "go":
-        measured = await loadgen(urls, requests, concurrency)
+        measured = await loadgen(urls, requests, concurrency, MODEL)
         p50, p99, rps, errors = measured.p50_ms, measured.p99_ms, measured.rps, measured.errors
     else:
         p50, p99, rps, errors = await drive_python(urls, requests, concurrency)
@@ -146,7 +151,7 @@ async def drive_python(urls: Sequence[str], requests: int, concurrency: int) -> 
         async def worker() -> None:
             nonlocal errors
             for index in counter:
-                body = {"prompt": f"What is {index} + 1?", "max_tokens": 4}
+                body = {"model": MODEL, "prompt": f"What is {index} + 1?", "max_tokens": 4}
                 started = time.perf_counter()
                 async with http.post(next(targets) + "/v1/completions", json=body) as response:
                     await response.read()
@@ -170,12 +175,13 @@ async def main_async(
     extra = ("--slow", str(latency)) if latency else ()
     settings = ProxySettings(attempt_timeout=30, probe_period=1, probe_timeout=0.5, fall=3, rise=2, tries=3)
     async with AsyncExitStack() as stack:
-        fleet = await stack.enter_async_context(SimFleet(shards, extra_args=extra))
+        fleet = await stack.enter_async_context(SimFleet(shards, extra_args=extra, model=MODEL))
         urls = [shard.endpoint for shard in fleet.shards]
         shard_pids = [pid for name in fleet.names if (pid := fleet.pid(name)) is not None]
         ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
         nginx = await stack.enter_async_context(Nginx(ports, settings))
         floor_url, floor_pid = await stack.enter_async_context(aiohttp_floor(urls))
+        field = [await stack.enter_async_context(FieldRouter(name, urls, settings)) for name in FIELD_ROUTERS]
         args = [a for shard in fleet.shards for a in ("--shard", f"{shard.name}={shard.endpoint}")]
         router = await stack.enter_async_context(
             await spawn_router([*args, "--probe-period", "0.5", "--log-level", "WARNING"])
@@ -191,6 +197,7 @@ async def main_async(
             ("nginx", [nginx.url], process_tree(nginx.pid)),
             ("router", [router.url], [router.pid]),
             ("aiohttp floor", [floor_url], [floor_pid]),
+            *((peer.name, [peer.url], [peer.pid]) for peer in field),
         ]
         runs: dict[str, list[Result]] = {name: [] for name, _, _ in fronts}
         for index in range(rounds):
@@ -234,6 +241,13 @@ async def main_async(
         f"nginx's (rounds {rounds_of(shares, '.2f')}); CPU per request {_median(cpu_of('router')):.0f} us, "
         f"{_median(cpu_shares):.2f}x nginx's {_median(cpu_of('nginx')):.0f} us; at {concurrency} concurrent"
     )
+    for peer in FIELD_ROUTERS:
+        peer_added, peer_shares, peer_cpu = per_round("router", peer)
+        print(
+            f"against {peer}: the router's added p50 {_median(peer_added):+.2f} ms, its throughput "
+            f"{_median(peer_shares):.2f}x {peer}'s, its CPU per request {_median(peer_cpu):.2f}x {peer}'s "
+            f"{_median(cpu_of(peer)):.0f} us"
+        )
     _, floor_shares, _ = per_round("aiohttp floor", "nginx")
     floor_added, _, floor_cpu = per_round("router", "aiohttp floor")
     print(

@@ -4,7 +4,8 @@
 # the newest revision of the pinned upstream version, unpacked, no service), a check for kubectl (preinstalled), the benchmark peers haproxy and nginx (Debian
 # packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver), llama.cpp's
 # OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv) and the
-# router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout).
+# router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout) and its
+# field routers (vllm-router and sglang-router, PyPI wheels into one venv from a hash-pinned lock).
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
 # directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
@@ -15,7 +16,7 @@
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
 #   TOOL   any of kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server
-#          loadgen (default: all)
+#          loadgen router-peers (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +30,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen)
+[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -288,6 +289,24 @@ install_llama_server() {
   say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: built in $((SECONDS - t0)) s"
 }
 
+# --- the field's routers (bench/_field_routers.py) -------------------------------------------------------------
+# vllm-router and sglang-router are Rust binaries in PyPI wheels; their launchers import a few Python packages. One
+# venv, made by the pinned uv from the hash-pinned tools/router-peers.lock (tools/lock-router-peers.sh).
+install_router_peers() {
+  local dir="$TOOLS/router-peers-$VLLM_ROUTER_VERSION-$SGLANG_ROUTER_VERSION"
+  installed "$dir" && { say "vllm-router $VLLM_ROUTER_VERSION, sglang-router $SGLANG_ROUTER_VERSION: cached"; return; }
+  local t0=$SECONDS uv
+  uv="$(bash -c 'source "$1/scripts/uv.sh" && echo "$UV"' _ "$ROOT")" || die "could not install the pinned uv"
+  rm -rf "$dir"
+  run "$TOOLS/router-peers-venv.log" "$uv" venv --quiet --python "${PYTHON:-python3}" "$dir"
+  run "$dir/install.log" "$uv" pip install --quiet --python "$dir/bin/python" --require-hashes \
+    -r "$ROOT/tools/router-peers.lock"
+  "$dir/bin/vllm-router" --help >/dev/null 2>&1 || die "vllm-router installed but does not start (see $dir/install.log)"
+  "$dir/bin/python" -m sglang_router.launch_router --help >/dev/null 2>&1 || die "sglang-router installed but does not start"
+  touch "$dir/.complete"
+  say "vllm-router $VLLM_ROUTER_VERSION, sglang-router $SGLANG_ROUTER_VERSION: installed in $((SECONDS - t0)) s"
+}
+
 # --- the router benchmark's load generator (bench/loadgen) -----------------------------------------------------
 # Built from the checkout's own source, so its directory is named by the source's hash, not a pin: an edit builds
 # anew. bench/_loadgen.py finds it by the same hash (sha256 of go.mod then main.go, first 12 hex digits).
@@ -330,7 +349,8 @@ for tool in "${WANT[@]}"; do
     haproxy) locked haproxy install_deb_tool haproxy "$HAPROXY_VERSION" "$HAPROXY_LIBS" haproxy ;;
     nginx) locked nginx install_deb_tool nginx "$NGINX_VERSION" "" nginx ;;
     loadgen) locked loadgen build_loadgen ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen)" ;;
+    router-peers) locked router-peers install_router_peers ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"

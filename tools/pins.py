@@ -34,7 +34,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = ROOT / "tools" / "versions.env"
-PYPI_LOCKS = (ROOT / "operator" / "requirements.lock", ROOT / "operator" / "build-requirements.lock")
+PYPI_LOCKS = (
+    ROOT / "operator" / "requirements.lock",
+    ROOT / "operator" / "build-requirements.lock",
+    ROOT / "tools" / "router-peers.lock",
+)
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 20.0
 """Per registry request: a registry that answers at all answers a metadata look-up in well under a second."""
@@ -331,7 +335,7 @@ def main(argv: list[str]) -> int:
         if failed:
             print(
                 f"pins: {len(failed)} pinned download(s) no longer resolve; fix them in tools/versions.env "
-                "(or re-lock with operator/lock.sh)",
+                "(or re-lock with operator/lock.sh or tools/lock-router-peers.sh)",
                 file=sys.stderr,
             )
             return 1

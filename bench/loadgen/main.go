@@ -39,11 +39,12 @@ func main() {
 	requests := flag.Int("n", 1600, "measured requests")
 	timeout := flag.Duration("timeout", 120*time.Second, "per-request timeout (a hung front fails its requests)")
 	procs := flag.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS)")
+	model := flag.String("model", "", "the body's \"model\" (omitted when empty; some routers require it)")
 	flag.Parse()
 	runtime.GOMAXPROCS(*procs)
 	urls := flag.Args()
 	if len(urls) == 0 || *concurrency < 1 || *requests < 1 || *procs < 1 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen [-c N] [-n N] [-procs N] [-timeout D] URL [URL ...]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen [-c N] [-n N] [-procs N] [-timeout D] [-model NAME] URL [URL ...]")
 		os.Exit(2)
 	}
 	client := &http.Client{
@@ -52,9 +53,14 @@ func main() {
 			MaxIdleConnsPerHost: *concurrency, DisableCompression: true, IdleConnTimeout: time.Minute,
 		},
 	}
+	modelField := ""
+	if *model != "" {
+		quoted, _ := json.Marshal(*model)
+		modelField = fmt.Sprintf(`"model": %s, `, quoted)
+	}
 	var errors int64
 	send := func(i int64) {
-		body := fmt.Sprintf(`{"prompt": "What is %d + 1?", "max_tokens": 4}`, i)
+		body := fmt.Sprintf(`{%s"prompt": "What is %d + 1?", "max_tokens": 4}`, modelField, i)
 		resp, err := client.Post(urls[i%int64(len(urls))]+"/v1/completions", "application/json", bytes.NewBufferString(body))
 		if err != nil {
 			atomic.AddInt64(&errors, 1)

@@ -303,7 +303,7 @@ async def test_requests_past_a_shards_cap_wait_at_the_router_instead_of_storming
                     return response.status
 
             first = await within(asyncio.gather(*(ask(i) for i in range(8))), "the first wave")
-            learned = router.gate.room.limit(name)
+            learned = router.dispatcher.gate.room.limit(name)
             busy_first = (await fleet.stats(name)).get("errors_429", 0)
             second = await within(asyncio.gather(*(ask(i) for i in range(16))), "the second wave")
             stats = await fleet.stats(name)

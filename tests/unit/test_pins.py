@@ -70,9 +70,18 @@ def test_module_paths_are_case_encoded_for_the_proxy() -> None:
     assert pins.go_escape("github.com/Azure/go-autorest") == "github.com/!azure/go-autorest"
 
 
-def test_the_operator_locks_are_read_as_pins() -> None:
+def test_the_pypi_locks_are_read_as_pins() -> None:
     for lock in pins.PYPI_LOCKS:
         found = dict(pins.locked_requirements(lock))
         assert found, f"no name==version line in {lock}"
         assert all(version[0].isdigit() for version in found.values())
     assert pins.normalize("Typing_Extensions") == "typing-extensions"
+
+
+def test_the_router_peers_lock_pins_the_versions_in_versions_env() -> None:
+    """tools/router-peers.lock is made from versions.env (tools/lock-router-peers.sh): a pin changed without
+    re-locking would install the old routers under the new directory name."""
+    versions = pins.versions()
+    locked = dict(pins.locked_requirements(pins.ROOT / "tools" / "router-peers.lock"))
+    assert locked["vllm-router"] == versions["VLLM_ROUTER_VERSION"], "re-lock with tools/lock-router-peers.sh"
+    assert locked["sglang-router"] == versions["SGLANG_ROUTER_VERSION"], "re-lock with tools/lock-router-peers.sh"

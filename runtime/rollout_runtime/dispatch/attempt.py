@@ -13,6 +13,12 @@ dispatcher's. Three mechanisms can end an attempt early:
   by the gaps as soon as tokens flow;
 - hedging (``hedge_factor``): still running after the shard's p99 latency x the factor, a second attempt starts on
   another shard, and the first answer wins.
+
+Before it calls the rollout, an attempt waits for room on its shard (:class:`~rollout_runtime.dispatch.gate.Gate`,
+each shard's room learned from its busy answers; at once on a shard never heard busy), and it hands the room back
+with its answer: busy when the answer is a 429 or a 503 with a Retry-After (what ``settle`` calls :class:`Busy`),
+with its Retry-After. The wait is the attempt's (its shard's load, evicted with it) but not its time: the attempt
+timeout, the progress watchdog and the latency figures start once it has room.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from typing import Any
 from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.clock import Clock
 from rollout_runtime.dispatch.deadlines import AttemptClock, ShardTimings
+from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.progress import bind_progress, unbind_progress
+from rollout_runtime.dispatch.room import Ticket
 from rollout_runtime.dispatch.rotation import Lease, Rotation, Slot
 from rollout_runtime.dispatch.run import PromptState, Rollout
-from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall, RolloutTimeout
+from rollout_runtime.failures import Diagnosis, RolloutRedispatchExhausted, RolloutStall, RolloutTimeout, diagnose
 from rollout_runtime.weights.gate import WeightsVerdict, WeightsView, weights_verdict
 
 __all__ = ["INTERRUPTS", "AttemptEnd", "Attempts"]
@@ -79,8 +87,13 @@ class AttemptEnd:
     seconds: float
     result: Any = None
     failure: BaseException | None = None
+    diagnosis: Diagnosis | None = None
+    """The failure's diagnosis, made once (the room learns from it, and the dispatcher settles it)."""
     evicted: bool = False
     """Its shard left the healthy set: the fleet, not the prompt, ended it."""
+    sent: bool = True
+    """False when it was evicted while it waited for room on the shard: no rollout call was made, no attempt
+    happened (no event, no charge; the prompt simply goes back)."""
     stalled: bool = False
     """The progress watchdog ended it (the watchdog already waited: a retry needs no backoff)."""
     verdict: WeightsVerdict | None = None
@@ -97,6 +110,8 @@ class Attempts:
         self._rotation = rotation
         self._weights = weights
         self._timings: dict[str, ShardTimings] = {}
+        self.gate = Gate()
+        """Each shard's room, learned from its busy answers, and the attempts waiting for it."""
         self._clock: Clock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -108,13 +123,43 @@ class Attempts:
 
     async def run(self, rollout: Rollout[Any, Any], slot: Slot, state: PromptState, accounts: Accounts) -> AttemptEnd:
         """One attempt of ``state``'s prompt on ``slot``. Raises what ends the run (an interrupt, a run-terminal error
-        the rollout raised) and a cancellation of the worker itself (then counted as abandoned)."""
+        the rollout raised) and a cancellation of the worker itself (then counted as abandoned, if it was sent)."""
         task = asyncio.current_task()
         assert task is not None
         record = _Attempt(task, cancelling=task.cancelling())
         rotation, clock = self._rotation, self._bound_clock().monotonic
-        rotation.occupy(slot, record)
+        rotation.occupy(slot, record)  # waiting for room is load on the shard, and is evicted with it
         accounts.attempt_started()
+        try:
+            ticket = await self._room(slot, task, record)
+            if ticket is None:  # evicted before it was sent: no attempt happened, nothing to account
+                return AttemptEnd(slot, slot, clock(), 0.0, evicted=True, sent=False)
+            return await self._sent(rollout, slot, state, accounts, task, record, ticket)
+        finally:
+            rotation.release(slot, record)
+            accounts.attempt_stopped()
+
+    async def _room(self, slot: Slot, task: asyncio.Task[Any], record: _Attempt) -> Ticket | None:
+        """Wait for room on ``slot``'s shard; None when the shard left the fleet meanwhile."""
+        try:
+            return await self.gate.enter(slot.name)
+        except asyncio.CancelledError:
+            if record.evicted and task.uncancel() <= record.cancelling:
+                return None
+            raise  # the run's end: nothing was sent, so nothing is abandoned
+
+    async def _sent(
+        self,
+        rollout: Rollout[Any, Any],
+        slot: Slot,
+        state: PromptState,
+        accounts: Accounts,
+        task: asyncio.Task[Any],
+        record: _Attempt,
+        ticket: Ticket,
+    ) -> AttemptEnd:
+        """The attempt proper, once it has room: its time, timeout and watchdog start here."""
+        clock = self._bound_clock().monotonic
         if slot.name not in state.tried:
             state.tried.append(slot.name)
         timeout = self._policy.attempt_timeout_seconds
@@ -126,52 +171,81 @@ class Attempts:
         deadline: asyncio.Timeout | None = None
         watch = self._attempt_clock(slot.name, started)
         try:
-            try:
-                if timeout is None:
+            if timeout is None:
+                result = await self._watched(rollout, slot, state, record, watch, accounts)
+            else:
+                async with asyncio.timeout(timeout) as deadline:
                     result = await self._watched(rollout, slot, state, record, watch, accounts)
-                else:
-                    async with asyncio.timeout(timeout) as deadline:
-                        result = await self._watched(rollout, slot, state, record, watch, accounts)
-            except asyncio.CancelledError as exc:
-                if task.cancelling() <= record.cancelling:
-                    failure = exc  # raised by the rollout itself (an inner task's cancellation), not by us: a failure
-                elif record.evicted and task.uncancel() <= record.cancelling:
-                    evicted = True
-                else:
-                    accounts.attempt_abandoned()
-                    raise
-            except (RolloutRedispatchExhausted, RolloutStall):
-                raise
-            except INTERRUPTS:
+        except asyncio.CancelledError as exc:
+            if task.cancelling() <= record.cancelling:
+                failure = exc  # raised by the rollout itself (an inner task's cancellation), not by us: a failure
+            elif record.evicted and task.uncancel() <= record.cancelling:
+                evicted = True
+            else:
+                self.gate.leave(ticket)
                 accounts.attempt_abandoned()
                 raise
-            except TimeoutError as exc:
-                failure = exc
-                if deadline is not None and deadline.expired():
-                    failure = RolloutTimeout(f"attempt exceeded {timeout:g}s on shard {slot.name}")
-                    failure.__cause__ = exc
-                elif record.stalled is not None:
-                    quiet = "no token" if watch is not None and watch.tokens else "no answer or first token"
-                    failure = RolloutTimeout(
-                        f"{quiet} for {record.stalled:.3g}s on shard {slot.name} (its recent timings allow that much)"
-                    )
-                    failure.__cause__ = exc
-            except BaseException as exc:  # GeneratorExit, a library's own BaseException: this attempt failed
-                failure = exc
-            else:
-                if record.evicted:
-                    task.uncancel()  # the rollout swallowed the cancellation; its result still stands
-        finally:
-            rotation.release(slot, record)
-            accounts.attempt_stopped()
+        except (RolloutRedispatchExhausted, RolloutStall):
+            self.gate.leave(ticket)
+            raise
+        except INTERRUPTS:
+            self.gate.leave(ticket)
+            accounts.attempt_abandoned()
+            raise
+        except TimeoutError as exc:
+            failure = exc
+            if deadline is not None and deadline.expired():
+                failure = RolloutTimeout(f"attempt exceeded {timeout:g}s on shard {slot.name}")
+                failure.__cause__ = exc
+            elif record.stalled is not None:
+                quiet = "no token" if watch is not None and watch.tokens else "no answer or first token"
+                failure = RolloutTimeout(
+                    f"{quiet} for {record.stalled:.3g}s on shard {slot.name} (its recent timings allow that much)"
+                )
+                failure.__cause__ = exc
+        except BaseException as exc:  # GeneratorExit, a library's own BaseException: this attempt failed
+            failure = exc
+        else:
+            if record.evicted:
+                task.uncancel()  # the rollout swallowed the cancellation; its result still stands
+        diagnosis = diagnose(failure) if failure is not None else None
+        self._leave(ticket, diagnosis)
         seconds = clock() - started
         answered_by = record.won_on if record.won_on is not None else slot
         if evicted or failure is not None:
             stalled = record.stalled is not None
-            return AttemptEnd(slot, answered_by, started, seconds, failure=failure, evicted=evicted, stalled=stalled)
+            return AttemptEnd(
+                slot,
+                answered_by,
+                started,
+                seconds,
+                failure=failure,
+                diagnosis=diagnosis,
+                evicted=evicted,
+                stalled=stalled,
+            )
         verdict = self._verdict(record, slot, started_version)
         watch = watch if record.won_on is None else None  # a hedge's answer says nothing of this shard's latency
         return AttemptEnd(slot, answered_by, started, seconds, result=result, verdict=verdict, watch=watch)
+
+    def _leave(self, ticket: Ticket, diagnosis: Diagnosis | None) -> None:
+        """Hand the room back with the answer: busy (a 429, or a 503 with a Retry-After) teaches the shard's room."""
+        if diagnosis is not None and diagnosis.backpressure:
+            self.gate.leave(ticket, busy=True, retry_after=diagnosis.retry_after)
+        else:
+            self.gate.leave(ticket)
+
+    async def _gated(self, slot: Slot, call: _Call) -> Any:
+        """A hedge's call on ``slot``: it too waits for room there and hands it back with its answer."""
+        ticket = await self.gate.enter(slot.name)
+        failure: BaseException | None = None
+        try:
+            return await call.rollout(slot.shard, call.state.prompt)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._leave(ticket, diagnose(failure) if failure is not None else None)
 
     def committed(self, end: AttemptEnd) -> None:
         """The attempt's answer is committed: its latency joins its shard's timings."""
@@ -282,7 +356,7 @@ class Attempts:
         loser's shard (the winner's is the attempt's own outcome)."""
         state, record, accounts = call.state, call.record, call.accounts
         clock = self._bound_clock().monotonic
-        hedge = asyncio.ensure_future(call.rollout(other.shard, state.prompt))
+        hedge = asyncio.ensure_future(self._gated(other, call))
         hedge_record = Lease(hedge)
         hedge_version = self.version_of(other.name)
         self._rotation.occupy(other, hedge_record)  # an eviction of the hedge's shard cancels the hedge only

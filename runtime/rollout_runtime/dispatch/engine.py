@@ -54,6 +54,7 @@ from rollout_runtime.dispatch.accounts import Accounts
 from rollout_runtime.dispatch.attempt import INTERRUPTS, AttemptEnd, Attempts
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.drops import DropCounts, DropKind
+from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.ledger import FailureLedger
 from rollout_runtime.dispatch.outcomes import Completed, DataFailed, DispatchEvent, PromptId, RunStats, Skipped
 from rollout_runtime.dispatch.policy import DispatchPolicy
@@ -69,6 +70,7 @@ from rollout_runtime.dispatch.settle import (
     settle,
 )
 from rollout_runtime.failures import (
+    Diagnosis,
     FailureClass,
     NoHealthyShards,
     RolloutFleetMisconfigured,
@@ -199,6 +201,11 @@ class Dispatcher:
     def in_flight(self) -> int:
         """Attempts running now, over every run (each run's ``stats.in_flight`` is the count; this is its sum)."""
         return sum(run.stats.in_flight for run in tuple(self._runs))
+
+    @property
+    def gate(self) -> Gate:
+        """Each shard's room learned from its busy answers, and the attempts waiting for it (``dispatch/gate``)."""
+        return self._attempts.gate
 
     def outstanding(self) -> dict[str, int]:
         """Attempts in flight per healthy shard."""
@@ -360,13 +367,15 @@ class Dispatcher:
         end = await self._attempts.run(run.rollout, slot, state, run.accounts)
         if not run.active:
             return
-        if end.evicted:
+        if not end.sent:  # evicted while it waited for room: it never reached the shard, so it is not an attempt
+            run.unsent(state)
+        elif end.evicted:
             run.accounts.attempt_ended("cancelled", state.prompt_id, slot.name, end.seconds)
             state.budget.evictions += 1
             state.last_failed = slot.name
             self._retry(run, state, 0.0)
         elif end.failure is not None:
-            self._failed(run, state, end, end.failure)
+            self._failed(run, state, end, end.failure, end.diagnosis)
         else:
             self._answered(run, state, end)
 
@@ -404,9 +413,18 @@ class Dispatcher:
             return
         self._drop(run, state, "infra", "RetryRefused", str(refused), None)
 
-    def _failed(self, run: DispatchRun[Any, Any], state: PromptState, end: AttemptEnd, exc: BaseException) -> None:
+    def _failed(
+        self,
+        run: DispatchRun[Any, Any],
+        state: PromptState,
+        end: AttemptEnd,
+        exc: BaseException,
+        diagnosis: Diagnosis | None,
+    ) -> None:
         """Record the failure as evidence, settle it, and act on the settlement."""
-        slot, diagnosis = end.slot, diagnose(exc)
+        slot = end.slot
+        if diagnosis is None:
+            diagnosis = diagnose(exc)
         sig = blame.signature(diagnosis, slot.name, slot.shard.endpoint)
         evidence = Evidence(blame.Verdict(blame.Blame.FIRST_VERDICT))
         if sig is not None:
@@ -446,7 +464,8 @@ class Dispatcher:
             run.fail_prompt(state, error)
             return
         if isinstance(action, Busy):
-            self._retry(run, state, self._rotation.busy(slot, diagnosis))
+            self._rotation.busy(slot)
+            self._retry(run, state, 0.0)  # sent when a shard has room: the gate holds it, not a Retry-After timer
             return
         if settled.eject and (ejection := self._rotation.eject(slot.name, end.seconds)) is not None:
             run.accounts.ejected(slot.name, ejection)

@@ -17,8 +17,8 @@ concurrency it showed it takes, queue the rest, and send when one of its request
   next step (up to a quarter of the limit), so a shard whose capacity grew is found in a few intervals; a refused one
   resets the step to 1. At a steady cap that is one busy answer per shard per interval, whatever the load.
 
-Pure: every call takes ``now`` (any monotonic clock, in seconds); no I/O, no tasks. The router (``router/app.py``)
-waits on it per shard; the dispatcher can use it as it uses a trial's room (a shard without room is not pickable).
+Pure: every call takes ``now`` (any monotonic clock, in seconds); no I/O, no tasks. The dispatcher's attempts wait
+on it per shard (``gate.py``, its queues; ``attempt.py``), the router's requests among them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from rollout_runtime.dispatch.outcomes import DispatchEvent, HealthyShardsChange
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
 from rollout_runtime.dispatch.share import Shares
-from rollout_runtime.failures import Diagnosis
 from rollout_runtime.metrics import RolloutMetrics
 from rollout_runtime.shards.model import HealthySet
 
@@ -307,16 +306,10 @@ class Rotation:
             self._refresh_pickable()  # its room no longer applies
         slot.weight = slot.shard.weight * self._shares.served(name)
 
-    def busy(self, slot: Slot, diagnosis: Diagnosis) -> float:
-        """``slot`` answered that it is busy: lower its share and return the delay before the prompt goes back. At
-        once when another routable shard has its full share; otherwise what the shard asked for (Retry-After), at
-        least the first backoff and at most the backoff cap."""
+    def busy(self, slot: Slot) -> None:
+        """``slot`` answered that it is busy: lower its share. The prompt goes back at once: the shard's room
+        (``gate``) holds it until a shard it is sent to has room, so nothing here waits out a Retry-After."""
         slot.weight = slot.shard.weight * self._shares.busy(slot.name)
-        if any(other is not slot and self._shares.of(other.name) >= 1.0 for other in self._routable):
-            return 0.0
-        asked = diagnosis.retry_after if diagnosis.retry_after is not None else 0.0
-        first = backoff_seconds(self._policy, 1, 0.0)
-        return min(self._policy.backoff_max_seconds, max(first, asked))
 
     # -- health: the source's healthy set, ejection, holds --------------------------------------------------------
 

@@ -364,6 +364,11 @@ class DispatchRun(Generic[P, R]):
         log.info("prompt %s replaces prompt %s in batch position %d", prompt_id, state.prompt_id, state.position)
         self.ready.put_nowait(fresh)
 
+    def unsent(self, state: PromptState) -> None:
+        """The prompt goes back at once without having been attempted (its shard left the fleet while it waited for
+        room there): not a redispatch, since no attempt failed."""
+        self.ready.put_nowait(state)
+
     def requeue(self, state: PromptState, delay: float) -> None:
         """Send the prompt back for another attempt, after ``delay`` seconds on a loop timer (not on a worker)."""
         self.accounts.redispatched()

@@ -7,7 +7,7 @@ its shard is ejected, and one action:
 
 - :class:`EndRun`: every shard gives the same answer and nothing succeeds: the fleet is misconfigured;
 - :class:`Busy`: the shard is busy (429, or 503 with Retry-After): charged to neither budget, the shard's share
-  shrinks, the prompt goes back after the delay the rotation sets;
+  shrinks, the prompt goes back at once and waits for room on the shard it is sent to (``gate``);
 - :class:`Retry`: another attempt, after the backoff, or at once;
 - :class:`GiveUpData`: the prompt is data-failed (its data budget is spent, the failure forbade retries, or the
   evidence shows a poison prompt);
@@ -55,7 +55,8 @@ class EndRun:
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """The shard is busy: the prompt goes back after the rotation's backpressure delay."""
+    """The shard is busy: the attempt taught the shard's room (``gate``); the prompt goes back at once and waits
+    for room there, not for a Retry-After timer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,10 +45,8 @@ from rollout_runtime.dispatch import (
     SessionClosed,
     Skipped,
 )
-from rollout_runtime.failures import GenerationUnavailable, NoHealthyShards, RolloutFleetMisconfigured
-from rollout_runtime.http_verdicts import is_backpressure
+from rollout_runtime.failures import NoHealthyShards, RolloutFleetMisconfigured
 from rollout_runtime.router.config import RouterConfig
-from rollout_runtime.router.gate import Gate
 from rollout_runtime.router.http import SHARD_HEADER, error_response, json_response, open_stream, read_body, serve
 from rollout_runtime.router.metrics import RouterMetrics
 from rollout_runtime.router.upstream import (
@@ -133,8 +131,6 @@ class Router:
         self._client: aiohttp.ClientSession | None = None
         self._requests: DispatchSession[Forward, Relayed] | None = None
         self._in_flight = 0
-        self.gate = Gate()
-        """Requests waiting for room on their shard, each shard's room learned from its busy answers."""
         self.metrics.count_in_flight(lambda: self._in_flight)
         self._affinity_header = self.config.affinity_header.lower()
         self._routes: dict[str, tuple[str, Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]]] = {
@@ -195,20 +191,11 @@ class Router:
         return await session.submit(forward)
 
     async def _attempt(self, shard: Shard, forward: Forward) -> Relayed:
-        """One attempt: it waits for room on the shard (:mod:`rollout_runtime.router.gate`), then sends; a busy
-        answer (429, or 503 with a Retry-After) teaches the shard's room."""
+        """One attempt on ``shard``. The dispatcher calls it once the shard has room (``dispatch/gate.py``: each
+        shard's room learned from its busy answers, the requests past it queued) and hands the room back with its
+        answer: the router's backpressure is the dispatcher's."""
         assert self._client is not None, "use the Router as `async with Router(...)`"
-        ticket = await self.gate.enter(shard.name)
-        busy, retry_after = False, None
-        try:
-            return await forward_attempt(
-                self._client, shard, forward, max_response_bytes=self.config.max_response_bytes
-            )
-        except GenerationUnavailable as exc:
-            busy, retry_after = is_backpressure(exc.status, exc.retry_after), exc.retry_after
-            raise
-        finally:
-            self.gate.leave(ticket, busy=busy, retry_after=retry_after)
+        return await forward_attempt(self._client, shard, forward, max_response_bytes=self.config.max_response_bytes)
 
     # -- HTTP ----------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The router's queues in front of each shard's room (``router/gate.py``), on looptime's clock."""
+"""The dispatcher's queues in front of each shard's room (``dispatch/gate.py``), on looptime's clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from rollout_runtime.dispatch.gate import Gate
 from rollout_runtime.dispatch.room import Ticket
-from rollout_runtime.router.gate import Gate
 
 
 async def busy_at(gate: Gate, shard: str, cap: int, retry_after: float) -> list[Ticket]:
@@ -15,6 +15,15 @@ async def busy_at(gate: Gate, shard: str, cap: int, retry_after: float) -> list[
     tickets = [await gate.enter(shard) for _ in range(cap + 1)]
     gate.leave(tickets.pop(), busy=True, retry_after=retry_after)
     return tickets
+
+
+async def queued(gate: Gate, shard: str, waiters: int) -> None:
+    """Let the loop run until ``waiters`` attempts stand in ``shard``'s line (each gets there on its first turn)."""
+    for _ in range(100):
+        if gate.waiting(shard) >= waiters:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{gate.waiting(shard)} attempts wait for {shard}, not {waiters}")
 
 
 async def test_waiters_go_in_order_one_per_request_that_ends() -> None:
@@ -28,7 +37,7 @@ async def test_waiters_go_in_order_one_per_request_that_ends() -> None:
         return ticket
 
     waiters = [asyncio.ensure_future(wait(i)) for i in range(3)]
-    await asyncio.sleep(0)
+    await queued(gate, "a", 3)
     assert gate.waiting("a") == 3
     assert order == []
     gate.leave(held[0])
@@ -46,7 +55,7 @@ async def test_a_cancelled_waiter_gives_its_turn_to_the_next() -> None:
     held = await busy_at(gate, "a", 1, retry_after=60)
     first = asyncio.ensure_future(gate.enter("a"))
     second = asyncio.ensure_future(gate.enter("a"))
-    await asyncio.sleep(0)
+    await queued(gate, "a", 2)
     gate.leave(held[0])  # wakes the first...
     first.cancel()  # ...which is cancelled before it runs
     ticket = await second

@@ -1,6 +1,7 @@
-"""Requests wait at the router for room on their shard (:class:`~rollout_runtime.dispatch.room.Room`), in order.
+"""Attempts wait for room on their shard (:class:`~rollout_runtime.dispatch.room.Room`), in order.
 
-The asynchronous shell around the pure room: an attempt calls :meth:`Gate.enter` before it sends and
+The asynchronous shell around the pure room, the dispatcher's one backpressure mechanism (the router's requests go
+through the dispatcher, so they share it): an attempt (``attempt.py``) calls :meth:`Gate.enter` before it sends and
 :meth:`Gate.leave` with its answer. A shard with room takes the request at once (a shard that never said "busy"
 always has room, so this costs a fleet without backpressure one dictionary lookup); otherwise the request waits,
 first come first served, until one of that shard's requests ends or its hold or next probe is due. A waiting attempt
