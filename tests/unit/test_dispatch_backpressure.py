@@ -96,3 +96,24 @@ async def test_an_attempt_evicted_while_it_waits_for_room_was_never_an_attempt()
     assert Counter(event.shard for event in ended) == calls, "an attempt event without a rollout call, or the reverse"
     failed = sum(1 for event in ended if event.outcome != "success")
     assert run.stats.redispatches == failed, "only failed or evicted attempts that were sent are redispatches"
+
+
+@pytest.mark.looptime
+async def test_a_shard_that_leaves_the_fleet_forgets_its_room() -> None:
+    """A shard's learned room is of the process that refused: when the shard leaves the healthy set and comes back
+    (a restart may bring another capacity), it starts with no limit and one busy answer teaches it again."""
+    shards = CappedShards()
+    source = ControlledSource(make_shards("a", "b"))
+    policy = DispatchPolicy(max_concurrency=10, backoff_initial_seconds=0.5, backoff_max_seconds=30)
+    async with Dispatcher(source, policy) as dispatcher:
+        await dispatcher.wait_ready(2)
+        outcomes = await collect(dispatcher.run(range(6), shards.rollout))
+        assert all(isinstance(outcome, Completed) for outcome in outcomes)
+        assert dispatcher.gate.room.limit("a") == CAP, "the run taught a's room (the forgetting below needs one)"
+        source.publish(make_shards("b"))
+        await dispatcher.wait_ready(1)
+        for _ in range(100):  # until the dispatcher has applied the healthy set without a
+            if "a" not in dispatcher.outstanding():
+                break
+            await asyncio.sleep(0)
+        assert dispatcher.gate.room.limit("a") is None

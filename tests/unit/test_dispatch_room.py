@@ -84,6 +84,20 @@ def test_a_forgotten_shard_starts_again_with_no_limit_and_late_answers_are_ignor
     assert room.in_flight("a") == 0
 
 
+def test_a_ticket_from_before_the_shard_left_does_not_free_room_in_its_next_life() -> None:
+    """The shard leaves with a request out and comes back; the old request's answer arrives after the new life has
+    one of its own out: only the new one counts."""
+    room = Room()
+    old = fill(room, "a", 1)[0]
+    room.forget("a")
+    new = room.acquire("a", 0.0)
+    assert new is not None
+    room.release(old, 0.1)
+    assert room.in_flight("a") == 1, "the old life's answer freed the new life's request"
+    room.release(new, 0.2)
+    assert room.in_flight("a") == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.floats(0, 2)), max_size=60))
 def test_in_flight_never_exceeds_the_limit_by_more_than_the_probe_step_and_never_goes_negative(

@@ -519,7 +519,8 @@ class Dispatcher:
         iterator = self._source.snapshots()
         try:
             async for snapshot in iterator:
-                self._rotation.apply(snapshot)
+                for name in self._rotation.apply(snapshot):
+                    self._attempts.gate.forget(name)
         except Exception:
             log.exception("shard source failed; its last healthy set stays in force")
         finally:

@@ -61,6 +61,13 @@ class Gate:
         self.room.release(ticket, asyncio.get_running_loop().time(), busy=busy, retry_after=retry_after)
         self._wake(ticket.shard)
 
+    def forget(self, shard: str) -> None:
+        """``shard`` left the fleet: its learned room goes (its waiting attempts are evicted by the rotation)."""
+        self.room.forget(shard)
+        timer = self._timers.pop(shard, None)
+        if timer is not None:
+            timer.cancel()
+
     def waiting(self, shard: str) -> int:
         """Requests waiting for room on ``shard``."""
         return len(self._waiting.get(shard, ()))

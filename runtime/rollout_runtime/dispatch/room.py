@@ -41,6 +41,9 @@ class Ticket:
     shard: str
     ahead: int
     """Requests of ours already in flight on the shard when this one was sent."""
+    epoch: int = 0
+    """Which life of the shard in the room it was taken in: a ticket from before a :meth:`Room.forget` is ignored
+    when it comes back, so it cannot free room the returning shard never gave."""
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class _Shard:
     """How far the next probe goes past the limit."""
     probing: bool = False
     """The limit was raised by a probe no busy answer has refuted yet."""
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -64,13 +68,14 @@ class Room:
     """Each shard's learned limit and its requests in flight (see the module docstring)."""
 
     _shards: dict[str, _Shard] = field(default_factory=dict)
+    _epochs: int = 0
 
     def acquire(self, shard: str, now: float) -> Ticket | None:
         """A ticket to send a request to ``shard`` now, or None: it has no room (wait for :meth:`release` or
         :meth:`reopens_at`)."""
         state = self._shards.get(shard)
         if state is None:
-            state = self._shards[shard] = _Shard()
+            state = self._shards[shard] = _Shard(epoch=self._epochs)
         if now < state.closed_until:
             return None
         limit = state.limit
@@ -86,14 +91,14 @@ class Room:
             state.limit = limit + step
             state.probing = True
             state.probe_at = now + state.interval
-        ticket = Ticket(shard, state.in_flight)
+        ticket = Ticket(shard, state.in_flight, state.epoch)
         state.in_flight += 1
         return ticket
 
     def release(self, ticket: Ticket, now: float, *, busy: bool = False, retry_after: float | None = None) -> None:
         """The answer to ``ticket`` arrived; ``busy``: it was a 429 (or a 503 with a Retry-After)."""
         state = self._shards.get(ticket.shard)
-        if state is None:  # forgotten while the request was out
+        if state is None or state.epoch != ticket.epoch:  # forgotten while the request was out
             return
         state.in_flight = max(0, state.in_flight - 1)
         if not busy:
@@ -127,5 +132,7 @@ class Room:
         return 0 if state is None else state.in_flight
 
     def forget(self, shard: str) -> None:
-        """The shard left the fleet (a returning one starts again with no limit)."""
+        """The shard left the fleet (a returning one starts again with no limit: it may be a new process with
+        another capacity, and one busy answer teaches its room again)."""
         self._shards.pop(shard, None)
+        self._epochs += 1

@@ -313,8 +313,8 @@ class Rotation:
 
     # -- health: the source's healthy set, ejection, holds --------------------------------------------------------
 
-    def apply(self, snapshot: HealthySet) -> None:
-        """A new healthy set: shards that left it have their attempts cancelled (evicted)."""
+    def apply(self, snapshot: HealthySet) -> list[str]:
+        """A new healthy set: shards that left it have their attempts cancelled (evicted). Returns their names."""
         fresh = {shard.name: shard for shard in snapshot.shards}
         gone: list[Slot] = []
         for name, slot in list(self._slots.items()):
@@ -339,6 +339,7 @@ class Rotation:
                 if not lease.evicted:
                     lease.evicted = True
                     lease.task.cancel(msg=f"shard {slot.name} left the healthy set")
+        return [slot.name for slot in gone]
 
     def eject(self, name: str, took: float | None) -> Ejection | None:
         """An attempt that took ``took`` seconds failed on ``name`` and blames it: eject it, or, when the panic rule
