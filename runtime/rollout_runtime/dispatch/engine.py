@@ -70,7 +70,6 @@ from rollout_runtime.dispatch.settle import (
     settle,
 )
 from rollout_runtime.failures import (
-    Diagnosis,
     FailureClass,
     NoHealthyShards,
     RolloutFleetMisconfigured,
@@ -375,7 +374,7 @@ class Dispatcher:
             state.last_failed = slot.name
             self._retry(run, state, 0.0)
         elif end.failure is not None:
-            self._failed(run, state, end, end.failure, end.diagnosis)
+            self._failed(run, state, end)
         else:
             self._answered(run, state, end)
 
@@ -413,18 +412,11 @@ class Dispatcher:
             return
         self._drop(run, state, "infra", "RetryRefused", str(refused), None)
 
-    def _failed(
-        self,
-        run: DispatchRun[Any, Any],
-        state: PromptState,
-        end: AttemptEnd,
-        exc: BaseException,
-        diagnosis: Diagnosis | None,
-    ) -> None:
+    def _failed(self, run: DispatchRun[Any, Any], state: PromptState, end: AttemptEnd) -> None:
         """Record the failure as evidence, settle it, and act on the settlement."""
-        slot = end.slot
-        if diagnosis is None:
-            diagnosis = diagnose(exc)
+        slot, exc, diagnosis = end.slot, end.failure, end.diagnosis
+        assert exc is not None, "a failed attempt carries its failure"
+        assert diagnosis is not None, "a failed attempt carries its diagnosis (made once, in attempt.py)"
         sig = blame.signature(diagnosis, slot.name, slot.shard.endpoint)
         evidence = Evidence(blame.Verdict(blame.Blame.FIRST_VERDICT))
         if sig is not None:
