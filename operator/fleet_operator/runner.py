@@ -15,6 +15,9 @@ One process, one loop::
 
 kopf installs its own SIGTERM/SIGINT handlers while it runs; the runner reads kopf ending without an error as
 "a signal arrived" and re-installs its own handlers for the standby phase.
+
+kopf is always given the replica's identity (``settings.identity``, the pod name in the chart): left to itself kopf
+derives one from ``getpass.getuser()``, which raises in a container whose uid has no passwd entry (the chart's 65532).
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ class OperatorRun:
                 kopf.operator(
                     registry=build_registry(pod_discovery=settings.pod_discovery),
                     memo=kopf.Memo(engine=engine, connection=connection),
+                    identity=settings.identity,  # type: ignore[arg-type]  # kopf's Identity: NewType(str), not exported
                     standalone=True,
                     clusterwide=not settings.namespaces,
                     namespaces=settings.namespaces,

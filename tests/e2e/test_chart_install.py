@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from support.chart import CHART_DIR, documented_rbac
-from support.chart_cluster import PLURALS, fleet_objects, fleet_status, install, start_operator
+from support.chart_cluster import PLURALS, fleet_objects, fleet_status, install, pod_ids, start_operator
 from support.controlplane import ControlPlane
 from support.helm import Helm
+from support.pod_user import SCRUBBED, PodUser, has_passwd_entry, process_ids
 from support.processes import ManagedProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -132,6 +133,46 @@ def test_service_account_of_the_chart_runs_the_operator_and_reconciles_a_fleet(
         "get", "lease", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
     )
     assert not released["spec"].get("holderIdentity"), "the operator did not release the Lease on SIGTERM"
+
+
+def test_the_operator_runs_as_the_pods_uid_with_no_passwd_entry_and_leads(
+    helm: Helm,
+    control_plane: ControlPlane,
+    sim_shards: list[tuple[ManagedProcess, int]],
+    tmp_path: Path,
+) -> None:
+    """Issue 36: in a pod the operator runs as the chart's uid 65532, which the image's /etc/passwd does not name,
+    with no USER in its environment. kopf, left to find its own identity, called getpass.getuser() and crashed
+    with ``KeyError: 'getpwuid(): uid not found'`` right after taking the Lease (CrashLoopBackOff)."""
+    installed = install(helm, control_plane, namespaced=True)
+    uid, gid = pod_ids(control_plane, installed)
+    assert (uid, gid) == (65532, 65532)
+    assert not has_passwd_entry(uid), "the fault needs a uid this machine cannot name"
+    user = PodUser.create(uid, gid)
+    try:
+        control_plane.apply(*fleet_objects(installed.fleet_namespace, [port for _, port in sim_shards]))
+        operator, _, identity = start_operator(control_plane, installed, tmp_path, pod_user=user)
+        try:
+            assert operator.pid is not None
+            assert process_ids(operator.pid) == (uid, gid)  # the fault is in place: not root, no name
+            assert operator.env is not None
+            assert not set(SCRUBBED) & set(operator.env), "getpass would read these instead of the passwd database"
+            wait_until(
+                lambda: fleet_status(control_plane, installed.fleet_namespace).get("readyShards") == 2,
+                timeout=60,
+                what="fleet with 2 healthy shards, reconciled by the operator running as uid 65532",
+                process=operator,
+            )
+            lease = control_plane.kubectl_json(
+                "get", "lease", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
+            )
+            assert lease["spec"]["holderIdentity"] == identity
+        finally:
+            operator.stop()
+        assert operator.returncode == 0, operator.tail(60)
+        assert "getpwuid" not in operator.log_path.read_text()
+    finally:
+        user.remove()
 
 
 def test_reader_cluster_role_lets_a_trainer_read_its_fleet_and_nothing_else(

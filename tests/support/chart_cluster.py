@@ -24,6 +24,7 @@ from rollout_runtime.kube import kinds
 from support.chart import CHART_DIR
 from support.controlplane import ControlPlane
 from support.helm import Helm
+from support.pod_user import PodUser
 from support.processes import ManagedProcess, free_port, wait_until
 
 ROLLOUT_FLEET = str(Path(sys.executable).parent / "rollout-fleet")
@@ -103,18 +104,34 @@ def wait_for_crds(plane: ControlPlane) -> None:
         )
 
 
+def pod_ids(plane: ControlPlane, installed: Installed) -> tuple[int, int]:
+    """The uid and gid the installed Deployment's pods run as (its pod securityContext)."""
+    deployment = plane.kubectl_json(
+        "get", "deployment", f"{installed.release}-rollout-fleet", f"--namespace={installed.namespace}"
+    )
+    context = deployment["spec"]["template"]["spec"]["securityContext"]
+    return int(context["runAsUser"]), int(context["runAsGroup"])
+
+
 def start_operator(
-    plane: ControlPlane, installed: Installed, log_dir: Path, *, port: int | None = None
+    plane: ControlPlane,
+    installed: Installed,
+    log_dir: Path,
+    *,
+    port: int | None = None,
+    pod_user: PodUser | None = None,
 ) -> tuple[ManagedProcess, int, str]:
-    """Start the operator as the installed chart configures it; wait for /readyz. (process, port, identity)."""
+    """Start the operator as the installed chart configures it; wait for /readyz. (process, port, identity).
+
+    ``pod_user``: also as the pod's uid and gid, with no passwd entry and no USER in the environment."""
     port = port or free_port()
     identity = f"{installed.release}-pod-0"
-    operator = ManagedProcess(
-        "operator",
-        [ROLLOUT_FLEET, "operator"],
-        log_dir / "operator.log",
-        env=operator_env(plane, installed, port=port, identity=identity),
-    )
+    env = operator_env(plane, installed, port=port, identity=identity)
+    argv: list[str] = [ROLLOUT_FLEET, "operator"]
+    if pod_user is not None:
+        env = pod_user.env(env) | {"FLEET_OPERATOR_KUBECONFIG": str(pod_user.kubeconfig(installed.kubeconfig))}
+        argv = pod_user.argv("-m", "rollout_runtime.cli", "operator")
+    operator = ManagedProcess("operator", argv, log_dir / "operator.log", env=env)
     operator.start()
     try:
         wait_until(

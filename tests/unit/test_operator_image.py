@@ -119,6 +119,24 @@ def test_runtime_stage_runs_as_the_non_root_uid_the_chart_expects(instructions: 
     assert values["podSecurityContext"]["runAsGroup"] == int(gid)
 
 
+def runtime_env(instructions: list[Instruction]) -> dict[str, str]:
+    """The runtime stage's ENV, as KEY=value pairs."""
+    pairs = [pair for ins in stages(instructions)[-1] if ins.keyword == "ENV" for pair in ins.args.split()]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_the_image_needs_no_name_for_its_uid_and_home_is_the_writable_scratch_mount(
+    instructions: list[Instruction],
+) -> None:
+    """Issue 36: the uid has no passwd entry in the image. USER/LOGNAME in the image would hide a getpass call
+    (the e2e test runs the operator as the uid without them); HOME must be writable on a read-only root."""
+    env = runtime_env(instructions)
+    assert not {"USER", "LOGNAME", "LNAME", "USERNAME"} & set(env)
+    assert env["HOME"] == "/tmp"
+    deployment = (REPO_ROOT / "charts" / "rollout-fleet" / "templates" / "deployment.yaml").read_text()
+    assert "mountPath: /tmp" in deployment
+
+
 def test_entrypoint_runs_the_operator_on_the_port_the_chart_probes(instructions: list[Instruction]) -> None:
     runtime = stages(instructions)[-1]
     by_keyword = {ins.keyword: ins.args for ins in runtime}
