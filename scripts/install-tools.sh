@@ -16,7 +16,9 @@
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
 #   TOOL   any of kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server
-#          loadgen router-peers (default: all)
+#          loadgen router-peers (default: all of these), or the cluster tier's node (issue 36; only when named):
+#          kubelet kube-scheduler kube-proxy (Go modules, like kube-apiserver), coredns (Go module), containerd runc
+#          cni-plugins nftables, and mmdebstrap umoci that build its images (Debian packages, unpacked)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -93,9 +95,10 @@ wrapper_module() {
 }
 
 # --- kube-apiserver and kube-controller-manager ----------------------------------------------------------------
-# build_kube_component NAME APP_CONSTRUCTOR: both are upstream mains over k8s.io/kubernetes/cmd/NAME/app, built
-# from published modules and stamped with the version the way upstream's release build does (/version, helm's
-# kubeVersion checks and compatibility-version logic read it).
+# build_kube_component NAME APP_CONSTRUCTOR_CALL: upstream mains over k8s.io/kubernetes/cmd/NAME/app (also the
+# node's kubelet, kube-scheduler and kube-proxy), built from published modules and stamped with the version the way
+# upstream's release build does (/version, helm's kubeVersion checks and compatibility-version logic read it). They
+# share one module download and Go build cache, so each after the first costs mostly its own packages.
 build_kube_component() {
   local name="$1" constructor="$2" dir="$TOOLS/$1-$KUBERNETES_VERSION"
   installed "$dir" && { say "$name $KUBERNETES_VERSION: cached"; return; }
@@ -108,6 +111,7 @@ build_kube_component() {
 package main
 
 import (
+	"context"
 	"os"
 	_ "time/tzdata"
 
@@ -118,8 +122,10 @@ import (
 	"k8s.io/kubernetes/cmd/$name/app"
 )
 
+var _ = context.Background // kubelet's constructor takes a context, the others do not
+
 func main() {
-	os.Exit(cli.Run(app.$constructor()))
+	os.Exit(cli.Run(app.$constructor))
 }
 GO
   local major="${KUBERNETES_VERSION%%.*}" minor="${KUBERNETES_VERSION#*.}" ld="-s -w" p
@@ -195,6 +201,49 @@ build_helm() {
   [[ "$seen" == "v$kube.0" ]] || die "built helm assumes Kubernetes '$seen' offline, not v$kube.0 (ldflags ignored?)"
   touch "$dir/.complete"
   say "helm $HELM_VERSION (Kubernetes $kube): built in $((SECONDS - t0)) s"
+}
+
+# --- CoreDNS (the node's cluster DNS) ---------------------------------------------------------------------------
+# Upstream's build compiles every plugin listed in plugin.cfg; this main imports only the five the node needs (bind:
+# listen on the bridge address only) and sets the directive order to them, in plugin.cfg's order (CoreDNS's
+# documented way to choose plugins at compile time), so no forward or other upstream plugin exists in the binary.
+build_coredns() {
+  local dir="$TOOLS/coredns-$COREDNS_VERSION"
+  installed "$dir" && { say "coredns $COREDNS_VERSION: cached"; return; }
+  local t0=$SECONDS
+  need go "install Go 1.25 or newer: coredns is built from source"
+  say "coredns $COREDNS_VERSION: building (cold: ~3 min)"
+  rm -rf "$dir"; mkdir -p "$dir/bin" "$dir/src"
+  cat >"$dir/src/main.go" <<'GO'
+// Command coredns: CoreDNS with only the bind, ready, health, errors and kubernetes plugins.
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	dnsserver.Directives = []string{"bind", "ready", "health", "errors", "kubernetes"}
+}
+
+func main() {
+	coremain.Run()
+}
+GO
+  printf 'module rolloutfleet.local/coredns\n\ngo 1.25\n\nrequire github.com/coredns/coredns v%s\n' "$COREDNS_VERSION" \
+    >"$dir/src/go.mod"
+  (cd "$dir/src" && run "$dir/tidy.log" go mod tidy)
+  (cd "$dir/src" && run "$dir/build.log" go build -trimpath -ldflags "-s -w" -o "$dir/bin/coredns" .)
+  "$dir/bin/coredns" -plugins | grep -qx kubernetes || die "built coredns lacks the kubernetes plugin"
+  ! "$dir/bin/coredns" -plugins | grep -qx forward || die "built coredns has the forward plugin"
+  touch "$dir/.complete"
+  say "coredns $COREDNS_VERSION: built in $((SECONDS - t0)) s"
 }
 
 # --- Debian packages: prometheus + promtool, and the benchmark peers haproxy and nginx -------------------------
@@ -323,6 +372,18 @@ build_loadgen() {
   say "loadgen $key: built in $((SECONDS - t0)) s"
 }
 
+# --- the node's images (the cluster tier) ----------------------------------------------------------------------
+# pause and the operator image (also the sim shards' and verifier's), built from this checkout with no registry and no
+# base image pulled (tools/images.py: a Debian rootfs by mmdebstrap, the Dockerfile's lock and the wheel, written by
+# umoci). Keyed by the sources they are built from, so a warm run with unchanged sources only checks a stamp.
+build_node_images() {
+  local t0=$SECONDS dir
+  need gcc "install a C compiler (Debian: 'apt-get install build-essential'): the pause image is a static C program"
+  say "node images: building or finding this checkout's (cold: ~4 min; after a source change ~1-2 min)"
+  dir="$("${PYTHON:-python3}" "$ROOT/tools/images.py" node)" || die "building the node's images failed"
+  say "node images: ready in $dir ($((SECONDS - t0)) s)"
+}
+
 # --- kubectl (preinstalled) -----------------------------------------------------------------------------------
 check_kubectl() {
   local kubectl="${KUBECTL:-$(command -v kubectl || true)}"
@@ -343,14 +404,25 @@ for tool in "${WANT[@]}"; do
     prometheus) locked prometheus install_deb_tool prometheus "$PROMETHEUS_VERSION" "" prometheus promtool ;;
     etcd) locked etcd build_etcd ;;
     helm) locked helm build_helm ;;
-    kube-apiserver) locked kube-apiserver build_kube_component kube-apiserver NewAPIServerCommand ;;
-    kube-controller-manager) locked kube-controller-manager build_kube_component kube-controller-manager NewControllerManagerCommand ;;
+    kube-apiserver) locked kube-apiserver build_kube_component kube-apiserver 'NewAPIServerCommand()' ;;
+    kube-controller-manager) locked kube-controller-manager build_kube_component kube-controller-manager 'NewControllerManagerCommand()' ;;
+    kubelet) locked kubelet build_kube_component kubelet 'NewKubeletCommand(context.Background())' ;;
+    kube-scheduler) locked kube-scheduler build_kube_component kube-scheduler 'NewSchedulerCommand()' ;;
+    kube-proxy) locked kube-proxy build_kube_component kube-proxy 'NewProxyCommand()' ;;
+    containerd) locked containerd install_deb_tool containerd "$CONTAINERD_VERSION" "" containerd ctr containerd-shim-runc-v2 ;;
+    runc) locked runc install_deb_tool runc "$RUNC_VERSION" "" runc ;;
+    cni-plugins) locked cni-plugins install_deb_tool containernetworking-plugins "$CNI_PLUGINS_VERSION" "" ;;
+    nftables) locked nftables install_deb_tool nftables "$NFTABLES_VERSION" "$NFTABLES_LIBS" nft ;;
+    coredns) locked coredns build_coredns ;;
+    mmdebstrap) locked mmdebstrap install_deb_tool mmdebstrap "$MMDEBSTRAP_VERSION" "" mmdebstrap ;;
+    umoci) locked umoci install_deb_tool umoci "$UMOCI_VERSION" "" umoci ;;
+    node-images) locked node-images build_node_images ;;
     llama-server) locked llama-server install_llama_server ;;
     haproxy) locked haproxy install_deb_tool haproxy "$HAPROXY_VERSION" "$HAPROXY_LIBS" haproxy ;;
     nginx) locked nginx install_deb_tool nginx "$NGINX_VERSION" "" nginx ;;
     loadgen) locked loadgen build_loadgen ;;
     router-peers) locked router-peers install_router_peers ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers)" ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers; the node's, not installed by default: kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"

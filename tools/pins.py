@@ -171,7 +171,15 @@ def debian_pins(pins: dict[str, str]) -> dict[str, str]:
         "haproxy": pins["HAPROXY_VERSION"],
         "nginx": pins["NGINX_VERSION"],
     }
-    for item in filter(None, pins["HAPROXY_LIBS"].split(",")):
+    wanted |= {
+        "containerd": pins["CONTAINERD_VERSION"],
+        "runc": pins["RUNC_VERSION"],
+        "containernetworking-plugins": pins["CNI_PLUGINS_VERSION"],
+        "nftables": pins["NFTABLES_VERSION"],
+        "mmdebstrap": pins["MMDEBSTRAP_VERSION"],
+        "umoci": pins["UMOCI_VERSION"],
+    }
+    for item in filter(None, f"{pins['HAPROXY_LIBS']},{pins['NFTABLES_LIBS']}".split(",")):
         package, _, upstream = item.partition("=")
         wanted[package] = upstream
     return wanted
@@ -239,13 +247,15 @@ def local_replacements(gomod: str) -> list[str]:
 
 
 def go_checks(pins: dict[str, str]) -> list[Callable[[], str]]:
-    """One check per module install-tools.sh builds from: kube-apiserver and kube-controller-manager (with every
-    staging module their wrapper replaces), etcd (with its siblings) and helm."""
+    """One check per module install-tools.sh builds from: kube-apiserver, kube-controller-manager and the node's
+    kubelet, kube-scheduler and kube-proxy (one module, k8s.io/kubernetes, with every staging module their wrapper
+    replaces), etcd (with its siblings), helm and the node's CoreDNS."""
     kube, etcd = pins["KUBERNETES_VERSION"], pins["ETCD_VERSION"]
     roots = {
         ("k8s.io/kubernetes", f"v{kube}"): "v0." + kube.split(".", 1)[1],
         ("go.etcd.io/etcd/server/v3", f"v{etcd}"): f"v{etcd}",
         ("helm.sh/helm/v3", f"v{pins['HELM_VERSION']}"): "",
+        ("github.com/coredns/coredns", f"v{pins['COREDNS_VERSION']}"): "",
     }
     proxy = go_proxy()
 

@@ -56,6 +56,9 @@ def test_a_release_the_archive_no_longer_serves_is_one_line_naming_what_it_offer
 def test_every_debian_pin_is_an_upstream_version_not_a_revision() -> None:
     wanted = pins.debian_pins(versions())
     assert {"prometheus", "haproxy", "nginx"} <= set(wanted)
+    # the node's parts (issue 36) and the libraries unpacked beside nft
+    node = {"containerd", "runc", "containernetworking-plugins", "nftables", "libnftables1", "libnftnl11"}
+    assert node | {"mmdebstrap", "umoci"} <= set(wanted)
     for package, upstream in wanted.items():
         assert "-" not in upstream, f"{package}={upstream} pins a Debian revision, not an upstream version"
 
