@@ -1,4 +1,4 @@
-"""The operator's own HTTP endpoints: /healthz (liveness), /readyz (role known), /metrics (fleet_*).
+"""The operator's own HTTP endpoints: /healthz (liveness), /readyz (able to lead), /metrics (fleet_*).
 
 Served by the runner on every replica, leader or standby: kopf's liveness endpoint exists only while kopf runs
 (on the leader), and a standby that the kubelet killed for lacking one would never be there to take over.
@@ -25,6 +25,10 @@ class RunnerState:
     failure: str | None = None
     """Set when a task the operator cannot live without died: liveness then fails and the kubelet restarts us."""
     synced: bool = False
+    """Leading, primed and kopf started in this term."""
+    can_lead: bool = False
+    """This replica has primed and started kopf at least once (its rehearsal or a term): a standby is Ready only
+    then, so a rolling update never removes the leader for a replica that would fail to take over."""
     identity: str = ""
 
 
@@ -38,7 +42,9 @@ async def serve_http(host: str, port: int, registry: CollectorRegistry, state: R
         return web.json_response({"status": "ok", "role": state.role})
 
     async def readyz(_: web.Request) -> web.Response:
-        ready = state.role == "standby" or (state.role == "leader" and state.synced)
+        ready = state.failure is None and (
+            (state.role == "standby" and state.can_lead) or (state.role == "leader" and state.synced)
+        )
         return web.json_response(
             {"ready": ready, "role": state.role, "identity": state.identity}, status=200 if ready else 503
         )
