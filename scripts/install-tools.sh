@@ -5,7 +5,8 @@
 # packages, unpacked, no service), kube-controller-manager (Go modules, like kube-apiserver), llama.cpp's
 # OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv) and the
 # router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout) and its
-# field routers (vllm-router and sglang-router, PyPI wheels into one venv from a hash-pinned lock).
+# field routers (vllm-router and sglang-router, PyPI wheels into one venv from a hash-pinned lock), and the
+# cluster tier's node: kubelet, kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins, nft, and its images.
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
 # directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
@@ -16,9 +17,10 @@
 # Usage: bash scripts/install-tools.sh [-q] [TOOL...]
 #   -q     print only failures
 #   TOOL   any of kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server
-#          loadgen router-peers (default: all of these), or the cluster tier's node (issue 36; only when named):
-#          kubelet kube-scheduler kube-proxy (Go modules, like kube-apiserver), coredns (Go module), containerd runc
-#          cni-plugins nftables, and mmdebstrap umoci that build its images (Debian packages, unpacked)
+#          loadgen router-peers, and the cluster tier's node (issue 36): kubelet kube-scheduler kube-proxy (Go
+#          modules, like kube-apiserver), coredns (Go module), containerd runc cni-plugins nftables, and mmdebstrap
+#          umoci that build its images (Debian packages, unpacked), node-images (this checkout's pause and operator
+#          images) (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +34,8 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers)
+[[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen
+  router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -422,7 +425,7 @@ for tool in "${WANT[@]}"; do
     nginx) locked nginx install_deb_tool nginx "$NGINX_VERSION" "" nginx ;;
     loadgen) locked loadgen build_loadgen ;;
     router-peers) locked router-peers install_router_peers ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers; the node's, not installed by default: kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)" ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"

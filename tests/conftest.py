@@ -23,4 +23,5 @@ pytest_plugins = [
     "support.operator",
     "support.weights",
     "support.llama",
+    "support.node",
 ]

@@ -88,3 +88,16 @@ def test_the_router_peers_lock_pins_the_versions_in_versions_env() -> None:
     locked = dict(pins.locked_requirements(pins.ROOT / "tools" / "router-peers.lock"))
     assert locked["vllm-router"] == versions["VLLM_ROUTER_VERSION"], "re-lock with tools/lock-router-peers.sh"
     assert locked["sglang-router"] == versions["SGLANG_ROUTER_VERSION"], "re-lock with tools/lock-router-peers.sh"
+
+
+def test_every_go_module_install_tools_builds_is_checked() -> None:
+    """The node's kubelet, kube-scheduler and kube-proxy come from k8s.io/kubernetes (with kube-apiserver's), CoreDNS
+    from its own module: each built module is one check (the checks themselves ask the proxy, in scripts/test)."""
+    checked = {check.args[0]: check.args[1] for check in pins.go_checks(versions())}
+    pinned = versions()
+    assert checked == {
+        "k8s.io/kubernetes": f"v{pinned['KUBERNETES_VERSION']}",
+        "go.etcd.io/etcd/server/v3": f"v{pinned['ETCD_VERSION']}",
+        "helm.sh/helm/v3": f"v{pinned['HELM_VERSION']}",
+        "github.com/coredns/coredns": f"v{pinned['COREDNS_VERSION']}",
+    }
