@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -109,6 +110,38 @@ def test_a_deleted_shard_pod_is_replaced_and_the_fleet_keeps_both_shards(install
     )  # fmt: skip
     assert after[0]["status"]["podIP"]
     until("the fleet at 2/2 with the new pod", lambda: installed.fleet().get("healthy") == "2/2", installed.node)
+
+
+def container_pid(container_id: str) -> int:
+    """The host pid of a container's process, from the node's containerd (this test runs on the node's machine)."""
+    import node as node_tool  # tools/node.py
+
+    ctr = node_tool.tool("containerd", "CONTAINERD_VERSION", "root", "usr", "bin", "ctr")
+    address = f"--address={node_tool.RUN / 'containerd.sock'}"
+    listing = [ctr, address, "--namespace=k8s.io", "tasks", "ls"]
+    tasks = subprocess.run(listing, capture_output=True, text=True, check=True)
+    for line in tasks.stdout.splitlines()[1:]:
+        task, pid, status = line.split()
+        if task == container_id and status == "RUNNING":
+            return int(pid)
+    raise AssertionError(f"container {container_id} is not running:\n{tasks.stdout}")
+
+
+def test_a_sigkilled_shard_container_is_restarted_by_the_kubelet_and_the_fleet_recovers(installed: Installed) -> None:
+    (pod,) = installed.ready_pods("app.kubernetes.io/instance=vllm-0")
+    (status,) = pod["status"]["containerStatuses"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    os.kill(container_pid(container_id), signal.SIGKILL)  # the shard process dies; its pod stays
+    name = pod["metadata"]["name"]
+
+    def restarted() -> bool:
+        (now,) = installed.node.json("get", "pod", name)["status"]["containerStatuses"]
+        return bool(now["restartCount"] == status["restartCount"] + 1 and now["ready"])
+
+    until("the kubelet to restart the killed container, Ready again", restarted, installed.node)
+    (now,) = installed.node.json("get", "pod", name)["status"]["containerStatuses"]
+    assert now["lastState"]["terminated"]["exitCode"] == 137, now["lastState"]  # the SIGKILL hit it
+    until("the fleet at 2/2 again", lambda: installed.fleet().get("healthy") == "2/2", installed.node)
 
 
 def test_a_shard_scaled_to_zero_leaves_the_healthy_set_and_comes_back(installed: Installed) -> None:
