@@ -319,8 +319,19 @@ def _assemble(
         raw=payload,
         choices=tuple(choices),
         usage=usage,
-        prompt_token_ids=_token_ids(payload.get("prompt_token_ids")),
+        prompt_token_ids=_prompt_token_ids(payload),
     )
+
+
+def _prompt_token_ids(payload: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The prompt's token ids: top level in vLLM's chat answers, in each choice of its completions answers (every
+    choice repeats the same prompt)."""
+    if payload.get("prompt_token_ids") is not None:
+        return _token_ids(payload["prompt_token_ids"])
+    for raw in payload.get("choices") or ():
+        if isinstance(raw, dict) and raw.get("prompt_token_ids") is not None:
+            return _token_ids(raw["prompt_token_ids"])
+    return None
 
 
 def parse_completion(body: bytes | Mapping[str, Any], *, chat: bool, shard: str, model: str = "") -> Completion:
@@ -405,8 +416,8 @@ class StreamAssembler:
                 raise MalformedCompletion(f"the stream carried an error: {str(chunk['error'])[:200]}")
             if self._first is None:
                 self._first = chunk
-            if chunk.get("prompt_token_ids") is not None:
-                self._prompt_ids = _token_ids(chunk["prompt_token_ids"])
+            if self._prompt_ids is None:
+                self._prompt_ids = _prompt_token_ids(chunk)
             if chunk.get("usage"):
                 self._usage = _usage(chunk["usage"])
             tokens = 0

@@ -154,3 +154,25 @@ def test_completion_keeps_its_old_constructor() -> None:
     completion = Completion("t", "stop", 1, 1, "m", "s")
     assert completion.token_ids is None
     assert completion.choices == ()
+
+
+def test_prompt_token_ids_are_read_where_vllm_puts_them() -> None:
+    """vLLM 0.32 sends a completion's prompt ids in each choice (``choices[].prompt_token_ids``) and a chat's at the
+    top level; both are the Completion's ``prompt_token_ids`` (found by the real-vLLM tier, tests/vllm)."""
+    per_choice = {
+        "model": "m",
+        "choices": [{"index": 0, "text": "a", "finish_reason": "length", "prompt_token_ids": [5, 6]}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+    }
+    top_level = {
+        "model": "m",
+        "prompt_token_ids": [7],
+        "choices": [{"index": 0, "message": {"content": "b"}, "finish_reason": "stop"}],
+    }
+    assert parse_completion(per_choice, chat=False, shard="s").prompt_token_ids == (5, 6)
+    assert parse_completion(top_level, chat=True, shard="s").prompt_token_ids == (7,)
+    assembler = StreamAssembler(chat=False)
+    assembler.add(json.dumps({"choices": [{"index": 0, "text": "a", "prompt_token_ids": [5, 6]}]}))
+    assembler.add(json.dumps({"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}))
+    assembler.add("[DONE]")
+    assert assembler.result(shard="s", model="m").prompt_token_ids == (5, 6)
