@@ -172,6 +172,10 @@ class ProbeSettings(BaseModel):
     check_model: bool = False
     """Also GET ``/v1/models`` and require the shard's model in it. Off by default for a runtime-probed shard (a
     server may not serve that path, or only when idle); a GenerationShard in a cluster defaults it on."""
+    generate: bool = False
+    """Also prove the engine generates: POST a 1-token completion (``/v1/completions``, within the same deadline).
+    vLLM's ``/health`` answers 200 while its engine is frozen, so only a generation tells (as SGLang's
+    ``/health_generate``). Skipped while real requests complete (passive evidence is preferred: no extra load)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -252,7 +252,20 @@ class HealthMonitor(Generic[NameT]):
         async with self._limit:
             if scheduled:
                 self._schedule.started(target.name, asyncio.get_running_loop().time())
-            return await self._prober.probe(target.endpoint, target.settings, expected_model=target.expected_model)
+            settings = self._passive_settings(target)
+            return await self._prober.probe(target.endpoint, settings, expected_model=target.expected_model)
+
+    def _passive_settings(self, target: ProbeTarget[NameT]) -> ProbeSettings:
+        """A generate probe skips its generation while real requests prove the engine generates: one completed
+        within the last period. Timeouts after that are still excused only within the liveness window, so the
+        bound of :class:`HealthState` holds with or without the skip."""
+        settings = target.settings
+        state = self._states.get(target.name)
+        if not settings.generate or state is None or state.request_ok_at is None:
+            return settings
+        if asyncio.get_running_loop().time() - state.request_ok_at > settings.period_seconds:
+            return settings
+        return settings.model_copy(update={"generate": False})
 
     def _current_state(self, target: ProbeTarget[NameT]) -> HealthState | None:
         """The state a result for ``target`` feeds: None if the target was removed or now names another server."""

@@ -1,9 +1,11 @@
 """Active HTTP probes of OpenAI-compatible generation shards and environment servers.
 
 One probe: GET the health path; for a generation shard with an expected model, also GET ``/v1/models`` and check
-the model is listed. The prober never raises (cancellation aside): every failure becomes a
-:class:`~rollout_runtime.health.hysteresis.ProbeResult` with a bounded reason label, so a probe loop cannot die
-of a strange response. Defences, because the URL may come from a custom resource anyone with RBAC can write:
+the model is listed; with ``ProbeSettings.generate``, also POST a 1-token completion (vLLM's ``/health`` answers
+200 while its engine is frozen: only a generation proves the engine works). The prober never raises (cancellation
+aside): every failure becomes a :class:`~rollout_runtime.health.hysteresis.ProbeResult` with a bounded reason
+label, so a probe loop cannot die of a strange response. Defences, because the URL may come from a custom resource
+anyone with RBAC can write:
 
 - the target policy is checked before connecting, and every address a name resolves to is checked again;
 - no redirects are followed (a 3xx is a failure), no proxies from the environment, no cookies, no decompression;
@@ -30,10 +32,22 @@ from rollout_runtime.health.hysteresis import ProbeReason, ProbeResult, ProbeSet
 from rollout_runtime.health.targets import ForbiddenProbeTarget, ProbeTargetPolicy
 from rollout_runtime.redaction import redact_secrets, redirect_message, safe_message
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MODELS_PATH", "HttpProber", "Prober", "check_model_list", "status_hint"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "GENERATE_PATH",
+    "MODELS_PATH",
+    "HttpProber",
+    "Prober",
+    "check_completion",
+    "check_model_list",
+    "status_hint",
+]
 
 DEFAULT_MAX_BODY_BYTES: Final[int] = 64 * 1024
 MODELS_PATH: Final[str] = "/v1/models"
+GENERATE_PATH: Final[str] = "/v1/completions"
+GENERATE_PROMPT: Final[str] = "1"
+"""The generate probe's prompt: one token on any tokenizer, so the probe costs one prefill and one decode step."""
 _MAX_LISTED_MODELS_IN_MESSAGE: Final[int] = 5
 
 
@@ -124,6 +138,21 @@ def check_model_list(body: bytes, expected_model: str) -> tuple[ProbeReason, str
     return ProbeReason.WRONG_MODEL, f"expected model {expected_model[:200]!r} but the shard serves {listing}"
 
 
+def check_completion(body: bytes) -> tuple[ProbeReason, str] | None:
+    """Check a generate probe's answer is an OpenAI completion with a choice; return (reason, message) if not.
+
+    Pure and total, like :func:`check_model_list`.
+    """
+    try:
+        payload: Any = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return ProbeReason.MALFORMED, f"{GENERATE_PATH} is not JSON: {type(exc).__name__}"
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ProbeReason.MALFORMED, f"{GENERATE_PATH} answered 200 without a choice"
+    return None
+
+
 class HttpProber:
     """Probes endpoints over HTTP with one shared ClientSession (created on first use, closed by :meth:`close`)."""
 
@@ -171,6 +200,7 @@ class HttpProber:
         """Probe ``endpoint`` (a base URL); check ``/v1/models`` lists ``expected_model`` if given. Never raises."""
         start = time.monotonic()
         status: int | None = None
+        step = "answer"
         try:
             base = endpoint.rstrip("/")
             health_url = base + settings.path
@@ -182,12 +212,19 @@ class HttpProber:
                     problem = check_model_list(body, expected_model)
                     if problem is not None:
                         raise _Failed(problem[0], problem[1], status)
+                if settings.generate:
+                    step = "generation"
+                    status, body = await self._generate(base + GENERATE_PATH, settings, expected_model)
+                    problem = check_completion(body)
+                    if problem is not None:
+                        raise _Failed(problem[0], problem[1], status)
         except _Failed as failed:
             return self._failure(failed.reason, str(failed), start, failed.status)
         except ForbiddenProbeTarget as exc:
             return self._failure(ProbeReason.FORBIDDEN_TARGET, str(exc), start, None)
         except TimeoutError:  # asyncio.timeout, and aiohttp's timeout errors (they subclass TimeoutError)
-            return self._failure(ProbeReason.TIMEOUT, f"no answer within {settings.timeout_seconds:g} s", start, status)
+            message = f"no {step} within {settings.timeout_seconds:g} s"
+            return self._failure(ProbeReason.TIMEOUT, message, start, status)
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, _ForbiddenAddress):
                 return self._failure(ProbeReason.FORBIDDEN_TARGET, str(exc.os_error), start, None)
@@ -202,15 +239,29 @@ class HttpProber:
 
     async def _get(self, url: str, settings: ProbeSettings) -> tuple[int, bytes]:
         """GET with redirects off; non-2xx and oversized bodies raise _Failed."""
+        return await self._request("GET", url, settings, None)
+
+    async def _generate(self, url: str, settings: ProbeSettings, model: str | None) -> tuple[int, bytes]:
+        """POST the 1-token completion (greedy; the model named when known, else the server's default)."""
+        payload: dict[str, Any] = {"prompt": GENERATE_PROMPT, "max_tokens": 1, "temperature": 0}
+        if model:
+            payload["model"] = model
+        return await self._request("POST", url, settings, payload)
+
+    async def _request(
+        self, method: str, url: str, settings: ProbeSettings, payload: dict[str, Any] | None
+    ) -> tuple[int, bytes]:
         timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
-        async with self._get_session().get(url, allow_redirects=False, timeout=timeout, ssl=self._ssl) as response:
+        async with self._get_session().request(
+            method, url, json=payload, allow_redirects=False, timeout=timeout, ssl=self._ssl
+        ) as response:
             status = response.status
             if 300 <= status < 400:
-                where = f"GET {url[:200]}"
+                where = f"{method} {url[:200]}"
                 raise _Failed(ProbeReason.REDIRECT, redirect_message(where, status, response.headers), status)
             if not 200 <= status < 300:
                 reason = safe_message(response.reason or "", 200)
-                message = f"GET {url[:200]} answered {status} {reason}{status_hint(url, status, settings)}"
+                message = f"{method} {url[:200]} answered {status} {reason}{status_hint(url, status, settings)}"
                 raise _Failed(ProbeReason.STATUS, message, status)
             body = await self._read_bounded(response, url)
             return status, body

@@ -5,8 +5,8 @@
 - :mod:`.tracker`: the trainer's API (:class:`WeightsTracker`: publish, refit, refit_all, identity polling).
 - :mod:`.refit`: the refit sequence (drain, update, identity, record; Stale on failure) and the version rules that
   :class:`WeightsTracker` and the cluster's ``PolicyVersionWriter`` share.
-- :mod:`.refitter`: SGLang's ``update_weights_from_disk`` as an update function; :class:`StaleRefitter` refits
-  shards that came back Stale.
+- :mod:`.refitter`: SGLang's ``update_weights_from_disk`` and vLLM's dev-mode reload as update functions;
+  :class:`StaleRefitter` refits shards that came back Stale.
 
 The states (Stale, Refitting) live in the one shared health state machine, :mod:`rollout_runtime.health.hysteresis`.
 """
@@ -24,7 +24,7 @@ from rollout_runtime.weights.identity import (
     parse_weight_version,
 )
 from rollout_runtime.weights.refit import RefitError
-from rollout_runtime.weights.refitter import StaleRefitter, update_weights_from_disk
+from rollout_runtime.weights.refitter import StaleRefitter, update_weights_from_disk, vllm_reload_weights
 from rollout_runtime.weights.tracker import StateHost, WeightsTracker
 
 __all__ = [
@@ -46,5 +46,6 @@ __all__ = [
     "parse_process_start_time",
     "parse_weight_version",
     "update_weights_from_disk",
+    "vllm_reload_weights",
     "weights_verdict",
 ]

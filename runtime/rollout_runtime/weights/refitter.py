@@ -1,5 +1,5 @@
-"""Refit helpers for trainers: SGLang's ``update_weights_from_disk`` as an update function, and a loop that refits
-every shard that came back Stale.
+"""Refit helpers for trainers: SGLang's ``update_weights_from_disk`` and vLLM's dev-mode reload as update
+functions, and a loop that refits every shard that came back Stale.
 
 A restarted shard is Stale until refit (:mod:`.tracker`); a trainer that refits only at its own steps leaves it out
 of traffic until the next step. :class:`StaleRefitter` closes that gap: it refits a Stale shard, at the current
@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
 from rollout_runtime.health.hysteresis import HealthPhase
 from rollout_runtime.weights.tracker import RefitError, WeightsTracker
 
-__all__ = ["StaleRefitter", "update_weights_from_disk"]
+__all__ = ["StaleRefitter", "update_weights_from_disk", "vllm_reload_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,44 @@ async def update_weights_from_disk(
     if response.status != 200 or not isinstance(answer, dict) or not answer.get("success"):
         message = answer.get("message") if isinstance(answer, dict) else answer
         raise RefitError(f"update_weights_from_disk on {endpoint} answered {response.status}: {message}")
+
+
+async def vllm_reload_weights(
+    session: aiohttp.ClientSession, endpoint: str, weights_path: str, version: int, *, timeout_seconds: float = 600.0
+) -> None:
+    """A refit through vLLM's own dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=wait`` (in-flight
+    requests finish, new ones wait), ``POST /collective_rpc`` ``reload_weights`` from ``weights_path`` (an in-place
+    reload from disk), ``POST /update_weight_version``, ``POST /resume``; then ``GET /weight_info`` must read
+    ``version`` back. Raises :class:`RefitError` naming the step that failed; the server is resumed whatever
+    happened after the pause (a paused vLLM blocks new requests instead of failing them). Each request closes its
+    connection: vLLM drops a keep-alive connection silently after a 500 from a dev endpoint."""
+    close = {"Connection": "close"}
+
+    async def step(method: str, path: str, body: Mapping[str, object] | None = None) -> object:
+        try:
+            async with session.request(method, f"{endpoint}{path}", json=body, headers=close) as response:
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise RefitError(f"vLLM {path} on {endpoint} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status != 200:
+            raise RefitError(f"vLLM {path} on {endpoint} answered {response.status}: {answer}")
+        return answer
+
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await step("POST", "/pause?mode=wait")
+            try:
+                reload = {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+                await step("POST", "/collective_rpc", reload)
+                await step("POST", "/update_weight_version", {"new_version": str(version)})
+            finally:
+                await step("POST", "/resume")
+            info = await step("GET", "/weight_info")
+    except TimeoutError as exc:
+        raise RefitError(f"vLLM refit on {endpoint} took longer than {timeout_seconds:g} s") from exc
+    read_back = info.get("weight_version") if isinstance(info, dict) else None
+    if read_back != str(version):
+        raise RefitError(f"vLLM on {endpoint} reports weights {read_back!r} after the refit to {version}")
 
 
 class StaleRefitter:
