@@ -251,7 +251,7 @@ async def test_a_fleet_judged_misconfigured_relays_the_shards_own_4xx_and_the_ro
     verdicts = [r for r in caplog.records if "every shard answers 401" in r.getMessage()]
     assert verdicts, "the dispatcher never judged the fleet misconfigured: the case under test did not happen"
     assert [status for status, _ in answers] == [401] * 12, answers
-    assert all("injected fault" in body["message"] for _, body in answers), answers
+    assert all("injected fault" in body["error"]["message"] for _, body in answers), answers
     assert after == 200, "the router stopped serving after the misconfigured verdict"
 
 

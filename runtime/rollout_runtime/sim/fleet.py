@@ -267,7 +267,7 @@ class SimFleet:
         async with request(url, json=payload) as response:
             body = await response.json()
             if response.status >= 400:
-                raise SimFleetError(f"{name} refused faults {payload}: {body.get('message', body)}")
+                raise SimFleetError(f"{name} refused faults {payload}: {body.get('error', body)}")
         if body.get("crashing"):
             return SimFaults(crash=True)
         return SimFaults.model_validate(body)

@@ -39,7 +39,7 @@ from typing import Annotated, Any, Final, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollout_runtime.sim.tokens import choice_token_fields, prompt_logprobs, sse_event, stream_chunks
+from rollout_runtime.sim.tokens import choice_token_fields, prompt_logprobs, sse_event, stream_chunks, token_id
 
 __all__ = [
     "READY_PREFIX",
@@ -69,6 +69,9 @@ class SimFaults(BaseModel):
 
     hang: bool = False
     """Accept requests (also /health) but answer none until the hang is lifted (admin is never hung)."""
+    engine_hang: bool = False
+    """Generations hang until lifted while ``/health`` and ``/v1/models`` still answer: a frozen vLLM engine core
+    (its API server keeps answering ``/health`` 200), which only a generate probe (``probe.generate``) sees."""
     slow_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
     """Added latency on generation requests."""
     error_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
@@ -184,15 +187,15 @@ _ERROR_TYPES: Final[dict[int, str]] = {
 
 
 def error_response(status: int, message: str, *, param: str | None = None) -> web.Response:
-    """An error in the shape vLLM's OpenAI server uses: ``{"object": "error", "message", "type", "param", "code"}``."""
-    body = {
-        "object": "error",
+    """An error in the shape vLLM's OpenAI server uses (0.32, the pinned one; up to 0.10 the fields were at the top
+    level): ``{"error": {"message", "type", "param", "code"}}``."""
+    error = {
         "message": message,
         "type": _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
         "param": param,
         "code": status,
     }
-    return web.json_response(body, status=status)
+    return web.json_response({"error": error}, status=status)
 
 
 class _BadRequest(Exception):
@@ -327,8 +330,8 @@ class SimShard:
         finally:
             self._generating -= 1
 
-    async def _wait_if_hung(self) -> None:
-        while self.faults.hang:
+    async def _wait_if_hung(self, *, generation: bool = False) -> None:
+        while self.faults.hang or (generation and self.faults.engine_hang):
             self.stats["hung"] += 1
             self._unhang.clear()
             await self._unhang.wait()
@@ -359,7 +362,7 @@ class SimShard:
             self._requests_until_crash -= 1
             if self._requests_until_crash <= 0:
                 self._crash()
-        await self._wait_if_hung()
+        await self._wait_if_hung(generation=True)
         if self.flapped_down():
             self.stats["errors_503"] += 1
             return error_response(503, "injected fault: flapping shard is down")
@@ -535,6 +538,8 @@ class SimShard:
         choice.update(choice_token_fields(body, text.split(), chat=chat))
         if prompt is not None and body.get("prompt_logprobs") is not None:
             choice["prompt_logprobs"] = prompt_logprobs(prompt)
+        if prompt is not None and body.get("return_token_ids"):  # vLLM 0.32: in each choice of a completion
+            choice["prompt_token_ids"] = [token_id(word) for word in prompt.split()]
 
     async def _stream(
         self, request: web.Request, envelope: dict[str, Any], body: dict[str, Any], *, chat: bool
@@ -615,8 +620,7 @@ class SimShard:
         self.faults = faults
         self._requests_until_crash = faults.crash_after_requests
         self._faults_set_at = self._clock()
-        if not faults.hang:
-            self._unhang.set()
+        self._unhang.set()  # every waiter re-checks the faults it waits on (hang, engine_hang)
         if faults.crash:
             asyncio.get_running_loop().call_soon(self._crash)  # after this response is written
             return web.json_response({"crashing": True}, status=202)
@@ -634,6 +638,13 @@ class SimShard:
         app.router.add_post("/update_weights_from_disk", self._update_weights_from_disk)
         app.router.add_post("/update_weight_version", self._update_weight_version)
         app.router.add_get("/metrics", self._metrics)
+        # vLLM's dev-mode RL endpoints (VLLM_SERVER_DEV_MODE=1), the ones rollout_runtime.weights.vllm_reload_weights
+        # uses: pausing parks new generations (mode wait/keep; abort is not simulated), and reload_weights through
+        # collective_rpc answers as vLLM does; the weights themselves are the sim's deterministic model.
+        app.router.add_post("/pause", self._pause)
+        app.router.add_post("/resume", self._resume)
+        app.router.add_get("/is_paused", self._is_paused)
+        app.router.add_post("/collective_rpc", self._collective_rpc)
 
     @web.middleware
     async def _weight_version_header(
@@ -671,6 +682,25 @@ class SimShard:
             raise _BadRequest("new_version must be a non-empty string")
         self.weight_version = version[:256]
         return web.json_response({"success": True, "message": f"weight version set to {self.weight_version}"})
+
+    async def _pause(self, request: web.Request) -> web.StreamResponse:
+        self.faults.engine_hang = True  # what a paused vLLM does to new generations: they wait, they do not fail
+        return web.json_response({"status": "paused"})
+
+    async def _resume(self, request: web.Request) -> web.StreamResponse:
+        self.faults.engine_hang = False
+        self._unhang.set()
+        return web.json_response({"status": "resumed"})
+
+    async def _is_paused(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"is_paused": self.faults.engine_hang})
+
+    async def _collective_rpc(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        if body.get("method") != "reload_weights":
+            raise _BadRequest(f"the sim shard answers collective_rpc reload_weights only, not {body.get('method')!r}")
+        self.stats["refits"] += 1
+        return web.json_response({"results": [None]})
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         text = (
