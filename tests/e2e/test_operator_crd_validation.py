@@ -157,6 +157,7 @@ def test_examples_are_accepted_and_defaulted(fleet_crds: ControlPlane, fleet_nam
         "failureThreshold": 3,
         "successThreshold": 2,
         "checkModel": True,  # a GenerationShard with a model checks /v1/models unless told not to
+        "generate": False,  # the 1-token generation probe is opt-in
     }
     observed = observe_target("GenerationShard", stored, "cluster.local")
     assert observed.spec is not None
