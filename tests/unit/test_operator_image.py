@@ -8,45 +8,18 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from images import Instruction, parse  # tools/images.py: the one reading of the Dockerfile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / "operator" / "Dockerfile.dockerignore"
 LOCKS = [REPO_ROOT / "operator" / "requirements.lock", REPO_ROOT / "operator" / "build-requirements.lock"]
 VALUES = REPO_ROOT / "charts" / "rollout-fleet" / "values.yaml"
-
-
-@dataclass(frozen=True)
-class Instruction:
-    keyword: str
-    args: str
-
-
-def parse(text: str) -> list[Instruction]:
-    """Dockerfile instructions: comments dropped, backslash continuations joined, keywords upper-cased."""
-    logical: list[str] = []
-    current = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not current and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            current += line[:-1] + " "
-            continue
-        logical.append(current + line)
-        current = ""
-    out = []
-    for line in logical:
-        keyword, _, args = line.partition(" ")
-        out.append(Instruction(keyword.upper(), args.strip()))
-    return out
 
 
 def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
