@@ -6,9 +6,9 @@
   ``.v2`` is the second weight set for reload tests.
 - ``vllm_shared`` (session): two servers started together once per session and shared by every test that leaves
   them as it found them (no faults, no pause left behind, weights back at v1).
-- ``vllm_victim`` (session): one more server that destructive tests kill, freeze and restart; it is brought back
-  to a fresh, ready state before each test that asks for it (``victim.ensure_fresh()``), so a test never depends on
-  what the previous one did to it.
+- ``vllm_victim_holder`` (session): one more server, started when a destructive test first asks for it, that those
+  tests kill, freeze and restart; ``await holder.ensure_fresh()`` brings it back to a fresh, ready state when the
+  previous test left it broken, so a test never depends on what the previous one did to it.
 
 Every server runs in its own process group (``setsid``) and is stopped by group at teardown: an engine core never
 outlives the session. Marker ``vllm`` (every test under tests/vllm has it): ``pytest -m vllm`` runs the tier alone,
@@ -98,13 +98,21 @@ class Victim:
     def __init__(self, server: VllmServer) -> None:
         self.server = server
         self.dirty = False
+        self.refit = False
 
-    async def ensure_fresh(self) -> VllmServer:
-        """A running, ready, unfaulted server at base weights: restarted if the last test touched it."""
-        if self.dirty or not self.server.running or not await self.server.healthy():
+    def mark_refit(self) -> None:
+        """The test left it running and well, but at other weights than the base ones."""
+        self.dirty, self.refit = False, True
+
+    async def ensure_fresh(self, *, base_weights: bool = True) -> VllmServer:
+        """A running, ready, unfaulted server (at base weights unless ``base_weights`` is False): restarted if the
+        last test left it otherwise. Each restart costs 23-68 s idle (minutes on a busy machine)."""
+        stale = base_weights and self.refit
+        if self.dirty or stale or not self.server.running or not await self.server.healthy():
             await self.server.stop()
             self.server.start()
             await self.server.wait_ready(START_TIMEOUT_SECONDS)
+            self.refit = False
         self.dirty = True  # whoever takes it may break it; the next taker gets a fresh one
         return self.server
 
@@ -114,11 +122,16 @@ def _run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tiny_vllm_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
-    """Three servers started together once per session: two shared (``vllm_shared``), one victim."""
+def vllm_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_shared(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[list[VllmServer]]:
+    """Two servers started together once per session; tests must leave them as found (no faults, v1 weights, not
+    paused)."""
     python = vllm_python()
-    logs = tmp_path_factory.mktemp("vllm")
-    servers = [VllmServer(f"vllm-{i}", python, tiny_vllm_model.v1, logs / f"vllm-{i}.log") for i in range(3)]
+    servers = [VllmServer(f"vllm-{i}", python, tiny_vllm_model.v1, vllm_log_dir / f"vllm-{i}.log") for i in range(2)]
     try:
         _run(start_all(servers))
         yield servers
@@ -127,14 +140,14 @@ def vllm_servers(tiny_vllm_model: TinyModel, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.fixture(scope="session")
-def vllm_shared(vllm_servers: list[VllmServer]) -> list[VllmServer]:
-    """The two shared servers: tests must leave them as found (no faults, v1 weights, not paused)."""
-    return vllm_servers[:2]
-
-
-@pytest.fixture(scope="session")
-def vllm_victim_holder(vllm_servers: list[VllmServer]) -> Victim:
-    return Victim(vllm_servers[2])
+def vllm_victim_holder(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[Victim]:
+    """The destructive tests' server, started when the first of them needs it (so the shared tests do not wait for
+    it) and restarted by :meth:`Victim.ensure_fresh`."""
+    server = VllmServer("vllm-victim", vllm_python(), tiny_vllm_model.v1, vllm_log_dir / "vllm-victim.log")
+    try:
+        yield Victim(server)
+    finally:
+        _run(server.stop())
 
 
 async def weight_version(session: aiohttp.ClientSession, server: VllmServer) -> object:

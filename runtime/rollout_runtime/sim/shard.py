@@ -681,7 +681,7 @@ class SimShard:
         if not isinstance(version, str) or not version:
             raise _BadRequest("new_version must be a non-empty string")
         self.weight_version = version[:256]
-        return web.json_response({"success": True, "message": f"weight version set to {self.weight_version}"})
+        return web.json_response({"success": True, "new_version": self.weight_version})  # vLLM 0.32's answer
 
     async def _pause(self, request: web.Request) -> web.StreamResponse:
         self.faults.engine_hang = True  # what a paused vLLM does to new generations: they wait, they do not fail

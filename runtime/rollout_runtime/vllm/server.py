@@ -1,7 +1,7 @@
 """Real vLLM servers on 127.0.0.1 for the real-vLLM tier, the benchmarks and ``scripts/demo --shards vllm``.
 
-vLLM is not one process: the OpenAI API server spawns an engine core process (and, on CPU, nothing else we need to
-know about) that does the generation. Each server is therefore started in its own session (``setsid``: its process
+vLLM is not one process: the OpenAI API server spawns an engine core process, which on CPU spawns a worker
+(``VLLM::Worker``) that runs the model. Each server is therefore started in its own session (``setsid``: its process
 group is its pid) and stopped by process group: killing only the API server leaves the engine core alive as an
 orphan holding ~2 GB. Faults address each part by pid: :meth:`VllmServer.kill_api_server` (SIGKILL of the API
 server, the engine is orphaned until :meth:`stop` sweeps the group), :meth:`VllmServer.kill_engine` (SIGKILL of the
@@ -89,9 +89,6 @@ def server_argv(python: Path, model_dir: Path, port: int, extra: Sequence[str] =
         "256M",
         "--seed",
         "0",
-        # the engine core runs the model itself: no separate worker process (one torch import less per server)
-        "--distributed-executor-backend",
-        "uni",
         *extra,
     ]
 
