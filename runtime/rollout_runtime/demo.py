@@ -1,6 +1,8 @@
 """The local demo fleet: real simulated shards and two environment servers, a chaos schedule, one batch of prompts.
 
-Everything runs on 127.0.0.1 as real subprocesses; nothing needs Kubernetes. The demo is the project's main job:
+Everything runs on 127.0.0.1 as real subprocesses; nothing needs Kubernetes. The shards are simulated by default,
+or real vLLM servers (``--shards vllm``; what differs is in :mod:`rollout_runtime.demo_shards`). The demo is the
+project's main job:
 it shows, in under half a minute, a batch surviving a killed shard, a hung shard, a flapping shard and 503
 bursts, and an environment server SIGKILLed halfway (its episodes move to the other one, through an
 :class:`~rollout_runtime.environment.pool.EnvironmentPool`), with over-long prompts reported as data failures
@@ -17,7 +19,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +28,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout_runtime.demo_shards import MAX_MODEL_LEN, ShardEngine, demo_shards
 from rollout_runtime.dispatch import (
     Completed,
     DataFailed,
@@ -45,11 +48,10 @@ from rollout_runtime.failures import RolloutRedispatchExhausted, RolloutStall
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, ProbeSettings, ProbeTargetPolicy, Transition
 from rollout_runtime.shards import LocalShardSource, Shard
-from rollout_runtime.sim import SimFaults, SimFleet
-from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind, FaultSchedule, InjectedFault
+from rollout_runtime.sim.chaos import FaultInjector, FaultKind, FaultSchedule, InjectedFault
 from rollout_runtime.sim.env_process import SimEnvProcess, spawn_env_server
 from rollout_runtime.sim.environments import ArithmeticRequest, ArithmeticResponse
-from rollout_runtime.weights import SGLangWeightVersion, StaleRefitter, update_weights_from_disk
+from rollout_runtime.weights import StaleRefitter
 
 __all__ = [
     "DemoConfig",
@@ -57,13 +59,10 @@ __all__ = [
     "DemoReport",
     "DemoResult",
     "DemoView",
-    "chaos_schedule",
     "demo_prompts",
     "run_demo",
 ]
 
-MODEL = "sim-model"
-MAX_MODEL_LEN = 256
 MAX_TOKENS = 16
 WEIGHTS_VERSION = 1
 """The policy version the demo's trainer publishes and refits every shard to (a restart comes back Stale)."""
@@ -75,6 +74,10 @@ class DemoConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     shards: Annotated[int, Field(ge=1, le=32)] = 5
+    engine: ShardEngine = ShardEngine.SIM
+    """Simulated shards, or real vLLM servers (``scripts/install-tools.sh vllm``; ``vllm_tool`` is its directory,
+    ``$ROLLOUT_FLEET_VLLM_TOOL`` when unset)."""
+    vllm_tool: Path | None = None
     prompts: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     over_long_prompts: Annotated[int, Field(ge=0)] = 5
     chaos: bool = True
@@ -82,7 +85,7 @@ class DemoConfig(BaseModel):
     """Score every generation on a real environment server (the arithmetic verifier)."""
     concurrency: Annotated[int, Field(ge=1, le=4096)] = 16
     shard_latency_seconds: Annotated[float, Field(ge=0, le=10)] = 0.15
-    """Simulated generation time, so that chaos lands on requests in flight."""
+    """Simulated generation time, so that chaos lands on requests in flight (sim shards only)."""
     seed: int = 0
     report_dir: Path = Path("reports/demo")
 
@@ -114,21 +117,6 @@ def demo_prompts(config: DemoConfig) -> list[DemoPrompt]:
         text = f"{padding} What is 1 + 1?"
         prompts.insert(rng.randrange(len(prompts) + 1), DemoPrompt("1 + 1", text, over_long=True))
     return prompts
-
-
-def chaos_schedule(names: Sequence[str]) -> FaultSchedule:
-    """The demo's faults: kill, hang, flap and burst, each on its own shard, keeping one shard clean if possible.
-
-    Each starts and ends at a fraction of the prompts finished, so every machine sees the same story.
-    """
-    plan: list[dict[str, Any]] = [
-        {"kind": FaultKind.SHARD_KILL, "at_progress": 0.10, "until_progress": 0.30},  # back Stale, refit
-        {"kind": FaultKind.SHARD_HANG, "at_progress": 0.20, "until_progress": 0.55},
-        {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.25, "until_progress": 0.75, "flap_seconds": 1.5},
-        {"kind": FaultKind.ERROR_BURST_5XX, "at_progress": 0.35, "until_progress": 1.0, "count": 20, "status": 503},
-    ]
-    faults = [Fault(target=name, **fields) for name, fields in zip(names, plan, strict=False)]  # one fault a shard
-    return FaultSchedule.of(faults)
 
 
 @dataclass
@@ -199,18 +187,17 @@ async def run_demo(
     ledger_path.unlink(missing_ok=True)
     report.ledger_path = str(ledger_path)
     started = time.monotonic()
-    latency = SimFaults(slow_seconds=config.shard_latency_seconds)
+    shards = demo_shards(
+        config.engine,
+        config.shards,
+        seed=config.seed,
+        latency_seconds=config.shard_latency_seconds,
+        vllm_tool=config.vllm_tool,
+        log_dir=config.report_dir / "shard-logs",
+    )
     async with contextlib.AsyncExitStack() as stack:
-        fleet = await stack.enter_async_context(
-            SimFleet(
-                config.shards,
-                model=MODEL,
-                max_model_len=MAX_MODEL_LEN,
-                seed=config.seed,
-                faults={f"shard-{i}": latency for i in range(config.shards)},
-            )
-        )
-        view.note(f"started {config.shards} simulated shards")
+        fleet = await stack.enter_async_context(shards.fleet)
+        view.note(f"started {shards.description}")
         envs: list[SimEnvProcess] = []
         if config.environment:
             for index in range(2):  # two servers: the chaos kills one, the pool moves its episodes to the other
@@ -223,11 +210,9 @@ async def run_demo(
 
         source = LocalShardSource(
             fleet.shards,
-            ProbeSettings(
-                period_seconds=0.5, timeout_seconds=0.25, failure_threshold=2, success_threshold=2, check_model=True
-            ),
+            shards.probe,
             policy=ProbeTargetPolicy.local(),
-            identity=SGLangWeightVersion(),  # a killed shard restarts at "default": Stale until refit
+            identity=shards.identity,  # a killed shard restarts with base weights: Stale until refit
             on_transition=on_transition,
         )
         policy = DispatchPolicy(
@@ -254,8 +239,7 @@ async def run_demo(
         weights = source.weights
 
         async def push_weights(name: str, version: int) -> None:
-            endpoint = fleet.shard(name).endpoint
-            await update_weights_from_disk(http, endpoint, f"/checkpoints/step-{version}", version)
+            await shards.refit(http, fleet.shard(name), version)
 
         refitter = StaleRefitter(
             weights, push_weights, on_refit=lambda name, v: view.note(f"refit {name} to weights version {v}")
@@ -299,7 +283,7 @@ async def run_demo(
         view.note(
             f"trainer published policy version {WEIGHTS_VERSION}; refit {config.shards - len(failed_refits)} shards"
         )
-        schedule = chaos_schedule(fleet.names) if config.chaos else FaultSchedule()
+        schedule = shards.schedule(fleet.names) if config.chaos else FaultSchedule()
         chaos = FaultInjector(fleet, schedule, observer=lambda record: view.note(_chaos_note(record)))
         chaos_clock = asyncio.get_running_loop().time()
         rewards: list[float | None] = []
@@ -335,8 +319,8 @@ async def run_demo(
         finally:
             await chaos.close()
         # Between steps, the trainer refits what came back Stale (the killed shard restarts at base weights).
-        if not await refitter.settle(20.0):
-            view.note("some shards are still down or Stale after 20 s")
+        if not await refitter.settle(shards.settle_seconds):
+            view.note(f"some shards are still down or Stale after {shards.settle_seconds:.0f} s")
         await refitter.aclose()
         report.chaos = [
             {**record.to_json(), "at_seconds": round(record.started - chaos_clock, 2)} for record in chaos.injected

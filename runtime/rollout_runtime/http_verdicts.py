@@ -46,6 +46,7 @@ __all__ = [
     "SHARD_OR_FLEET",
     "HttpVerdict",
     "completion_problem",
+    "engine_dead",
     "failure_for",
     "is_backpressure",
     "model_missing",
@@ -72,6 +73,9 @@ does not serve. DATA by the first verdict like any 4xx, but never the prompt's: 
 _MODEL_MISSING: Final[re.Pattern[str]] = re.compile(
     r"model [`'\"]?.*[`'\"]? does not exist|model .*not found|no such model|unknown model", re.IGNORECASE
 )
+_ENGINE_DEAD: Final[re.Pattern[str]] = re.compile(r"EngineCore encountered an issue", re.IGNORECASE)
+"""vLLM's ``EngineDeadError`` message (``vllm/v1/engine/exceptions.py``), in the 500 it answers once its engine
+process died."""
 _MAX_RETRY_AFTER_SECONDS: Final[float] = 3600.0
 """A Retry-After beyond an hour is a broken header, not advice: capped."""
 
@@ -90,6 +94,13 @@ class HttpVerdict:
 def model_missing(status: int, message: str) -> bool:
     """vLLM's (and others') 404 "The model `x` does not exist.": the shard serves another model."""
     return status == 404 and bool(_MODEL_MISSING.search(message))
+
+
+def engine_dead(status: int, message: str) -> bool:
+    """vLLM's 500 "EngineCore encountered an issue": its engine core process died (vLLM documents the error as
+    global and unrecoverable; the server exits within seconds). Nothing a prompt did, and nothing more can succeed on
+    that server: the shard's fault at once, not a 500 that waits for evidence (``dispatch/blame.py``)."""
+    return status == 500 and bool(_ENGINE_DEAD.search(message))
 
 
 def is_backpressure(status: int | None, retry_after: float | None) -> bool:

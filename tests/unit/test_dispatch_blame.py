@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_runtime.dispatch.blame import Blame, Evidence, Signature, judge, signature
+from rollout_runtime.dispatch.blame import Blame, Evidence, Signature, judge, signature, waits_for_evidence
 from rollout_runtime.dispatch.share import MIN_SHARE, Shares
 from rollout_runtime.failures import Diagnosis, FailureClass, http_status_is_infra
 
@@ -280,3 +280,23 @@ def test_one_healthy_shard_of_a_larger_fleet_is_not_the_fleet() -> None:
     assert all(fail(evidence, p, "a", diag(404), healthy=("a",)) is not Blame.MISCONFIGURED for p in range(5))
     alone = Evidence()
     assert [fail(alone, p, "a", diag(401), healthy=("a",)) for p in range(2)][-1] is Blame.MISCONFIGURED
+
+
+ENGINE_DEAD = "HTTP 500: EngineCore encountered an issue. See stack trace (above) for the root cause."
+"""What vLLM 0.32 answers once its engine core died (EngineDeadError), measured in tests/vllm."""
+
+
+def test_a_500_saying_the_engine_died_ejects_at_once_and_is_never_the_prompts_or_the_fleets() -> None:
+    """A plain 500 may be a poison prompt's (llama.cpp answers a malformed request so on every shard), so it waits for
+    evidence; vLLM's dead-engine 500 is the server saying it is broken: eject at once, never convict a prompt, never
+    call the fleet misconfigured (two engines dying at once are two dead shards)."""
+    dead = diag(500, ENGINE_DEAD)
+    assert waits_for_evidence(signature(diag(500, "boom"), "a", "http://a:8000"))
+    assert not waits_for_evidence(signature(dead, "a", "http://a:8000"))
+    evidence = Evidence()
+    for shard in SHARDS:
+        evidence.succeeded(shard, f"other-{shard}")
+    assert [fail(evidence, 5, shard, dead) for shard in SHARDS] == [Blame.FIRST_VERDICT] * 4  # no poison prompt
+    fresh = Evidence()
+    assert all(fail(fresh, p, s, dead) is Blame.FIRST_VERDICT for p in range(3) for s in SHARDS)  # no misconfigured
+    assert not evidence.followed(5, signature(dead, "a", "http://a:8000"))  # nor one by elimination

@@ -5,8 +5,9 @@ vLLM is an API server plus an engine core process, and each fails its own way (i
 - the engine core SIGSTOPped: ``/health`` keeps answering 200 while every generation hangs; only a generate probe
   (``ProbeSettings.generate``) or the attempt timeout tells, and the shard leaves the routable set within the
   probe bound;
-- the engine core SIGKILLed: in-flight requests fail (vLLM answers 500, or the connection drops) and the server exits
-  by itself; every prompt is redispatched and accounted for (a 500 alone does not eject: see the test);
+- the engine core SIGKILLed: in-flight requests fail (vLLM answers 500 "EngineCore encountered an issue", or the
+  connection drops) and the server exits by itself; the first such answer ejects the shard, nothing more is sent to
+  it, and every prompt is redispatched and accounted for;
 - the API server SIGKILLed: its engine core lives on as an orphan until the process group is swept; the server
   restarted on the same port reports weights ``"default"`` and is Stale until refit through vLLM's own endpoints
   (``/pause``, ``reload_weights``, ``/update_weight_version``, ``/resume``), read back from ``/weight_info``;
@@ -308,10 +309,11 @@ async def test_a_killed_engine_core_fails_in_flight_requests_and_the_server_exit
     assert len(by_kind(outcomes)["completed"]) == len(prompts)
     assert run.stats.infra_failures >= 1, "the in-flight request really failed"
     assert attempts.failures_on(victim.name), "the victim's in-flight attempt failed"
-    # Not asserted: that nothing more is sent to the dead shard after its first failure. A 500 ("EngineCore
-    # encountered an issue") may be the prompt's (docs/blame.md), so it ejects only on a second prompt's evidence once
-    # another shard served that prompt; a refused connection, once the server has exited, ejects at once. Measured
-    # here: two more attempts reached the victim after its first two failures (issue 35's note).
+    # vLLM answers 500 "EngineCore encountered an issue" once its engine died: the shard says it is broken, so the
+    # first such answer ejects it (a plain 500 would wait for a second prompt's evidence: it may be a poison prompt's).
+    first = attempts.first_failure_on(victim.name)
+    assert first is not None
+    assert attempts.started_on_after(victim.name, first) == 0, "nothing sent to the dead shard after it failed"
     assert_accounted(run, outcomes, range(len(prompts)))
 
 

@@ -16,7 +16,9 @@ from rich.table import Table
 
 from rollout_runtime.cli.options import PORT_NUMBER, command_help, config_from_options
 from rollout_runtime.demo import DemoConfig, DemoReport, DemoView, run_demo
+from rollout_runtime.demo_shards import ShardEngine
 from rollout_runtime.health import HealthPhase
+from rollout_runtime.vllm.tool import VllmMissing, VllmTool
 
 _PHASE_STYLE = {
     HealthPhase.HEALTHY: "green",
@@ -29,10 +31,35 @@ _PHASE_STYLE = {
 }
 
 
+SIM_SHARDS = 5
+VLLM_SERVERS = 3
+"""Three tiny-model vLLM servers fit beside the batch on two cores (each ~2-3 GB of memory)."""
+
+
+def parse_shards(ctx: click.Context, param: click.Parameter, value: str) -> tuple[ShardEngine, int]:
+    """``--shards``: ``N`` simulated shards, or ``vllm`` / ``vllm:N`` real vLLM servers."""
+    text = value.strip()
+    engine, _, count = ("sim", "", text) if text.isdigit() else text.partition(":")
+    if engine not in {e.value for e in ShardEngine} or (count and not count.isdigit()):
+        raise click.BadParameter(f"{text!r} is not a count of simulated shards (5), vllm or vllm:N", ctx, param)
+    default = VLLM_SERVERS if engine == ShardEngine.VLLM.value else SIM_SHARDS
+    return ShardEngine(engine), int(count) if count else default
+
+
 @click.command(
-    help=command_help("demo", "A batch runs through simulated shards while chaos hits them; no Kubernetes needed.")
+    help=command_help(
+        "demo",
+        "A batch runs through simulated shards (or real vLLM servers: --shards vllm) while chaos hits them; no "
+        "Kubernetes needed.",
+    )
 )
-@click.option("--shards", default=5, show_default=True, help="Simulated generation shards to start.")
+@click.option(
+    "--shards",
+    default=str(SIM_SHARDS),
+    callback=parse_shards,
+    show_default=True,
+    help="N simulated shards, or vllm[:N] real vLLM servers (default 3; `bash scripts/install-tools.sh vllm`).",
+)
 @click.option("--prompts", default=1000, show_default=True, help="Prompts in the batch.")
 @click.option("--over-long", default=5, show_default=True, help="Prompts longer than max_model_len (data failures).")
 @click.option("--chaos/--no-chaos", default=True, show_default=True, help="Kill, hang, flap and burst shards.")
@@ -62,7 +89,7 @@ _PHASE_STYLE = {
     help="Where report.json and the failure ledger (failures.jsonl) go.",
 )
 def demo(
-    shards: int,
+    shards: tuple[ShardEngine, int],
     prompts: int,
     over_long: int,
     chaos: bool,
@@ -77,7 +104,8 @@ def demo(
     config = config_from_options(  # DemoConfig's fields hold the bounds; a value out of them is a usage error
         DemoConfig,
         renamed={"over_long_prompts": "--over-long"},
-        shards=shards,
+        shards=shards[1],
+        engine=shards[0],
         prompts=prompts,
         over_long_prompts=over_long,
         chaos=chaos,
@@ -88,6 +116,11 @@ def demo(
     )
     console = Console()
     registry = CollectorRegistry()
+    if config.engine is ShardEngine.VLLM:
+        try:
+            VllmTool.from_env().require()
+        except VllmMissing as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
     except OSError as exc:  # the port is taken or the address is not ours: the world, not the command line
@@ -95,7 +128,8 @@ def demo(
             f"cannot serve /metrics on {metrics_host}:{metrics_port}: {exc} (try --metrics-port 0)"
         ) from None
     console.print(
-        f"[bold]rollout-fleet demo[/]: {shards} shards, {prompts} prompts, chaos {'on' if chaos else 'off'}; "
+        f"[bold]rollout-fleet demo[/]: {shards[1]} {'vLLM servers' if shards[0] is ShardEngine.VLLM else 'shards'}, "
+        f"{prompts} prompts, chaos {'on' if chaos else 'off'}; "
         f"metrics at http://{metrics_host}:{server.server_port}/metrics"
     )
     try:

@@ -33,8 +33,10 @@ HTTP status, normalised reason) follows:
   while others serve is a sick shard (its charges refunded), every shard answering it a misconfigured fleet;
 - otherwise the first verdict stands, except that a shard which answered with a status that could be a poison
   prompt's or a misconfiguration's (:func:`waits_for_evidence`: 401, 404, 500, a 200 that is not a completion...) is
-  not ejected on one failure: that waits for the evidence above. A transient status (502, 503, 504, 408, 425) and a
-  transport failure (refused, reset, timed out) still eject at once.
+  not ejected on one failure: that waits for the evidence above. A transient status (502, 503, 504, 408, 425), a
+  transport failure (refused, reset, timed out) and a 500 in which the server says its engine died (vLLM's
+  "EngineCore encountered an issue": :func:`~rollout_runtime.http_verdicts.engine_dead`) still eject at once; such a
+  500 is never a prompt's nor the fleet's configuration either.
 
 Only failures that carry an HTTP status are weighed: an explicit :class:`RolloutDataFailure` without one is the
 caller's own verdict and wins. Memory is bounded: a prompt's evidence is forgotten when it ends, per-shard and
@@ -52,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from rollout_runtime.failures import Diagnosis, http_status_is_infra
-from rollout_runtime.http_verdicts import SHARD_OR_FLEET
+from rollout_runtime.http_verdicts import SHARD_OR_FLEET, engine_dead
 
 __all__ = ["Blame", "Evidence", "Signature", "Verdict", "judge", "signature", "waits_for_evidence"]
 
@@ -146,7 +148,7 @@ class Evidence:
     def followed(self, prompt: Hashable, sig: Signature | None) -> bool:
         """Whether this non-transient answer is the only one ``prompt`` got, from at least two distinct shards: when
         its infra budget runs out that way, the prompt is the common factor (a poison prompt by elimination)."""
-        if sig is None or not _could_be_the_prompts(sig[1]):
+        if sig is None or not _could_be_the_prompts(sig):
             return False
         failures = self.prompts.get(prompt, {})
         return set(failures) == {sig} and len(failures[sig]) >= _CONFIRMATIONS
@@ -192,12 +194,18 @@ def signature(diagnosis: Diagnosis, shard: str, endpoint: str) -> Signature | No
 def waits_for_evidence(sig: Signature | None) -> bool:
     """Whether a failure with this signature ejects its shard only on evidence (not at once): it carries a status that
     a poison prompt or a misconfigured fleet could explain. Transient statuses cannot, and eject at once as before."""
-    return sig is not None and sig[1] not in _TRANSIENT
+    return sig is not None and sig[1] not in _TRANSIENT and not _the_shards_own(sig)
 
 
-def _could_be_the_prompts(status: int) -> bool:
-    """Whether an answer could be the prompt's: not "not now" (transient), not "this shard or this fleet is wrong"."""
-    return status not in _TRANSIENT and status not in SHARD_OR_FLEET
+def _the_shards_own(sig: Signature) -> bool:
+    """An answer in which the shard says it is broken (its engine died): not the prompt's, not the fleet's."""
+    return engine_dead(sig[1], sig[2])
+
+
+def _could_be_the_prompts(sig: Signature) -> bool:
+    """Whether an answer could be the prompt's: not "not now" (transient), not "this shard or this fleet is wrong",
+    not the shard saying it is broken."""
+    return sig[1] not in _TRANSIENT and sig[1] not in SHARD_OR_FLEET and not _the_shards_own(sig)
 
 
 def _add(members: set[Hashable] | set[str], member: Hashable) -> None:
@@ -253,6 +261,7 @@ def judge(
     status = sig[1]
     if (
         status not in _TRANSIENT
+        and not _the_shards_own(sig)
         and (status < 500 or status in (500, 501))
         and healthy
         and sighting.shards.issuperset(healthy)
@@ -268,7 +277,7 @@ def judge(
             f"last: {diagnosis.reason})",
         )
     serving = [name for name in sorted(on_shards) if evidence.successes.get(name, 0) > 0]
-    if len(serving) >= _CONFIRMATIONS and _could_be_the_prompts(status):  # bursts on two shards at once are no poison
+    if len(serving) >= _CONFIRMATIONS and _could_be_the_prompts(sig):  # bursts on two shards at once are no poison
         return Verdict(
             Blame.POISON,
             f"poison prompt: the same failure (HTTP {status}) on {len(serving)} shards ({', '.join(serving)}) that "

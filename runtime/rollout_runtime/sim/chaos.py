@@ -9,8 +9,9 @@ progress: with every shard down nothing finishes) or until a later fraction of t
 A schedule is plain data: :meth:`FaultSchedule.active` says which timed faults hold a target at a given second, so
 an in-process simulation (bench/dispatch_overhead.py) follows the same schedule without any process.
 
-:class:`FaultInjector` applies a schedule to a :class:`~rollout_runtime.sim.fleet.SimFleet` (SIGKILL, SIGSTOP and
-SIGCONT of real shard processes, runtime faults through each shard's admin endpoint) and to environment servers
+:class:`FaultInjector` applies a schedule to a :class:`ShardFleet`: a :class:`~rollout_runtime.sim.fleet.SimFleet`
+(SIGKILL, SIGSTOP and SIGCONT of real shard processes, runtime faults through each shard's admin endpoint) or a
+:class:`~rollout_runtime.vllm.fleet.VllmFleet` (the process faults on real vLLM servers), and to environment servers
 (SIGKILL mid-episode after a checkpoint, then a restart on the same port with the same checkpoint directory).
 Faults on one target never overlap: each waits for the previous fault on its target to end. Every applied fault is
 recorded as an :class:`InjectedFault` with its loop-time window, so a report can charge failures to it.
@@ -35,8 +36,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
+    from rollout_runtime.shards import Shard
     from rollout_runtime.sim.env_process import SimEnvProcess
-    from rollout_runtime.sim.fleet import SimFleet
 
 __all__ = [
     "ENV_TARGET",
@@ -249,6 +250,36 @@ _BURST_KINDS: Final[frozenset[FaultKind]] = frozenset(
 )
 
 
+class ShardFleet(Protocol):
+    """The shards the injector acts on, by name: processes it can kill, freeze and restart, and (for the sim shard)
+    faults it can set in their answers."""
+
+    model: str
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def alive(self, name: str) -> bool: ...
+
+    async def kill(self, name: str) -> int | None:
+        """SIGKILL the shard; return its exit status when known."""
+        ...
+
+    def hang(self, name: str) -> None:
+        """Freeze the shard (SIGSTOP): it still accepts connections, nothing answers."""
+        ...
+
+    def resume(self, name: str) -> None: ...
+
+    async def restart(self, name: str) -> Shard:
+        """Start it again on the same endpoint and wait until it answers its health check."""
+        ...
+
+    async def set_faults(self, name: str, **fields: Any) -> Any:
+        """Make its answers faulty (the sim shard's fault fields); a shard that cannot raises."""
+        ...
+
+
 class EnvironmentTarget(Protocol):
     """An environment server the injector can crash mid-episode and bring back."""
 
@@ -379,7 +410,7 @@ class FaultInjector:
 
     def __init__(
         self,
-        fleet: SimFleet,
+        fleet: ShardFleet,
         schedule: FaultSchedule,
         *,
         environments: Mapping[str, EnvironmentTarget] | None = None,
