@@ -97,13 +97,17 @@ def sim_chaos(names: Sequence[str]) -> FaultSchedule:
 
 
 def vllm_chaos(names: Sequence[str]) -> FaultSchedule:
-    """A server killed (its restart takes tens of seconds, so it comes back while the batch goes on, Stale until
-    refit) and another one's engine frozen; with one server, only the kill."""
-    plan: list[dict[str, Any]] = [
-        {"kind": FaultKind.SHARD_KILL, "at_progress": 0.10, "until_progress": 0.20},
-        {"kind": FaultKind.SHARD_HANG, "at_progress": 0.30, "until_progress": 0.60},
-    ]
-    return FaultSchedule.of([Fault(target=name, **fields) for name, fields in zip(names, plan, strict=False)])
+    """One server's engine frozen, then (once it is back) another server killed: its restart takes tens of seconds,
+    so it comes back while the batch goes on, Stale until refit. One fault at a time, so with two servers one always
+    serves; a single server gets none (losing it would stop the batch, not show recovery)."""
+    if len(names) < 2:
+        return FaultSchedule()
+    return FaultSchedule.of(
+        [
+            Fault(target=names[1], kind=FaultKind.SHARD_HANG, at_progress=0.10, until_progress=0.30),
+            Fault(target=names[0], kind=FaultKind.SHARD_KILL, at_progress=0.40, until_progress=0.50),
+        ]
+    )
 
 
 def demo_shards(

@@ -259,6 +259,11 @@ def _prompt_logprobs(value: Any) -> tuple[Mapping[int, float] | None, ...] | Non
     return tuple(positions)
 
 
+ABORTED: Final[str] = "abort"
+"""vLLM's finish reason for a request it gave up on (``/pause?mode=abort``, SIGTERM without ``--shutdown-timeout``):
+a 200 with the tokens generated so far. Not a completion: a rollout must never train on a cut-off sample."""
+
+
 def _finish(choice: Mapping[str, Any]) -> str | None:
     finish = choice.get("finish_reason")
     return finish if isinstance(finish, str) else None
@@ -307,6 +312,11 @@ def _assemble(
 ) -> Completion:
     if not choices:
         raise MalformedCompletion("the response has no choices")
+    if any(choice.finish_reason == ABORTED for choice in choices):
+        raise MalformedCompletion(
+            'the server aborted the generation (finish_reason "abort": vLLM answers so when it is paused with '
+            "mode=abort or shut down): its text is partial"
+        )
     choices.sort(key=lambda c: c.index)
     first = choices[0]
     return Completion(

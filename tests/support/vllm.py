@@ -6,8 +6,8 @@
   serves, ``.v2`` is the second weight set for reload tests.
 - ``vllm_shared`` (session): two servers started together once per session and shared by every test that leaves
   them as it found them (no faults, no pause left behind, weights back at v1).
-- ``vllm_victim_holder`` (session): one more server, started when a destructive test first asks for it, that those
-  tests kill, freeze and restart; ``await holder.ensure_fresh()`` brings it back to a fresh, ready state when the
+- ``vllm_victim_holder`` (session): one more server, started with the shared ones, that the destructive tests kill,
+  freeze and restart; ``await holder.ensure_fresh()`` brings it back to a fresh, ready state when the
   previous test left it broken, so a test never depends on what the previous one did to it.
 
 Every server runs in its own process group (``setsid``) and is stopped by group at teardown: an engine core never
@@ -79,6 +79,8 @@ class Victim:
         """A running, ready, unfaulted server (at base weights unless ``base_weights`` is False): restarted if the
         last test left it otherwise. Each restart costs 23-68 s idle (minutes on a busy machine)."""
         stale = base_weights and self.refit
+        if not (self.dirty or stale) and self.server.running:
+            await self.server.wait_ready(START_TIMEOUT_SECONDS)  # the start begun with the session's servers
         if self.dirty or stale or not self.server.running or not await self.server.healthy():
             await self.server.stop()
             self.server.start()
@@ -98,9 +100,24 @@ def vllm_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_shared(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[list[VllmServer]]:
-    """Two servers started together once per session; tests must leave them as found (no faults, v1 weights, not
-    paused)."""
+def vllm_victim_holder(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[Victim]:
+    """The destructive tests' server, restarted by :meth:`Victim.ensure_fresh`. It starts loading here, without
+    waiting: the shared servers' fixture asks for it, so all three load together (a start on two cores is mostly
+    imports and engine set-up, which overlap well) and the first destructive test finds it ready."""
+    server = VllmServer("vllm-victim", vllm_python(), tiny_vllm_model.v1, vllm_log_dir / "vllm-victim.log")
+    server.start()
+    try:
+        yield Victim(server)
+    finally:
+        _run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def vllm_shared(
+    tiny_vllm_model: TinyModel, vllm_log_dir: Path, vllm_victim_holder: Victim
+) -> Iterator[list[VllmServer]]:
+    """Two servers started together once per session (with the victim's start under way: see
+    ``vllm_victim_holder``); tests must leave them as found (no faults, v1 weights, not paused)."""
     python = vllm_python()
     servers = [VllmServer(f"vllm-{i}", python, tiny_vllm_model.v1, vllm_log_dir / f"vllm-{i}.log") for i in range(2)]
     try:
@@ -108,17 +125,6 @@ def vllm_shared(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[list
         yield servers
     finally:
         _run(stop_all(servers))
-
-
-@pytest.fixture(scope="session")
-def vllm_victim_holder(tiny_vllm_model: TinyModel, vllm_log_dir: Path) -> Iterator[Victim]:
-    """The destructive tests' server, started when the first of them needs it (so the shared tests do not wait for
-    it) and restarted by :meth:`Victim.ensure_fresh`."""
-    server = VllmServer("vllm-victim", vllm_python(), tiny_vllm_model.v1, vllm_log_dir / "vllm-victim.log")
-    try:
-        yield Victim(server)
-    finally:
-        _run(server.stop())
 
 
 async def weight_version(session: aiohttp.ClientSession, server: VllmServer) -> object:

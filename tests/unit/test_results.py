@@ -176,3 +176,22 @@ def test_prompt_token_ids_are_read_where_vllm_puts_them() -> None:
     assembler.add(json.dumps({"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}))
     assembler.add("[DONE]")
     assert assembler.result(shard="s", model="m").prompt_token_ids == (5, 6)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_aborted_generation_is_not_a_completion_whole_or_streamed(chat: bool) -> None:
+    """vLLM answers 200 with finish_reason "abort" and the tokens so far when it is paused with mode=abort or shut
+    down (measured on SIGTERM in tests/vllm): a cut-off sample must never be a result, whole or streamed."""
+    content = {"message": {"role": "assistant", "content": "half an ans"}} if chat else {"text": "half an ans"}
+    aborted = [{"index": 0, "finish_reason": "abort", **content}]
+    with pytest.raises(MalformedCompletion, match="aborted"):
+        parse_completion(body(aborted), chat=chat, shard="s")
+    delta = {"delta": {"content": "half"}} if chat else {"text": "half"}
+    assembler = StreamAssembler(chat=chat)
+    assembler.add(json.dumps({"choices": [{"index": 0, **delta}]}))
+    assembler.add(json.dumps({"choices": [{"index": 0, "finish_reason": "abort", **delta}]}))
+    assembler.add("[DONE]")
+    with pytest.raises(MalformedCompletion, match="aborted"):
+        assembler.result(shard="s")
+    finished = [{"index": 0, "finish_reason": "length", **content}]
+    assert parse_completion(body(finished), chat=chat, shard="s").finish_reason == "length"
