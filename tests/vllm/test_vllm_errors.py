@@ -10,19 +10,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import aiohttp
 
 from rollout_runtime.dispatch import Dispatcher, DispatchPolicy
 from rollout_runtime.failures import FailureClass, RolloutDataFailure, classify_rollout_failure
 from rollout_runtime.generation import GenerationClient
-from rollout_runtime.router import SHARD_HEADER, Router, serve_router
-from rollout_runtime.shards import Shard, StaticShardSource
+from rollout_runtime.shards import Shard
 from rollout_runtime.vllm import MAX_MODEL_LEN, MODEL_NAME, VllmServer
-from support.deadlines import within
 from support.dispatch import ControlledSource, assert_accounted, by_kind, collect_until_error
+from support.routing import through_the_router
 
 POLICY = DispatchPolicy(
     backoff_initial_seconds=0.05,
@@ -117,40 +113,9 @@ async def test_a_shard_serving_another_model_is_the_sick_one_not_the_prompts(vll
 
 async def test_the_router_in_front_of_real_vllm(vllm_shared: list[VllmServer]) -> None:
     shards = shards_of(vllm_shared)
-    async with (
-        Router(StaticShardSource(shards)) as router,
-        serve_router(router) as front,
-        aiohttp.ClientSession() as http,
-    ):
-        await within(router.dispatcher.wait_ready(2), "both vLLM servers routable")
-        answered_by: set[str] = set()
-        for index in range(6):
-            body = {"model": MODEL_NAME, "prompt": f"the cat {index}", "max_tokens": 4}
-            async with http.post(front.url + "/v1/completions", json=body) as response:
-                text = await within(response.text(), f"completion {index}")
-                assert response.status == 200, text
-                answered_by.add(response.headers[SHARD_HEADER])
-            assert json.loads(text)["object"] == "text_completion"
-
-        stream = {
-            "model": MODEL_NAME,
-            "prompt": "a b",
-            "max_tokens": 4,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        async with http.post(front.url + "/v1/completions", json=stream) as response:
-            assert response.status == 200
-            assert response.content_type == "text/event-stream"
-            events = await within(response.text(), "the stream")
-        lines = [line for line in events.splitlines() if line.strip()]
-        assert lines[-1] == "data: [DONE]", events
-        chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-        assert chunks[-1]["usage"]["completion_tokens"] == 4, "vLLM's usage chunk is relayed"
-
-        too_long = {"model": MODEL_NAME, "prompt": TOO_LONG, "max_tokens": 4}
-        async with http.post(front.url + "/v1/completions", json=too_long) as response:
-            rejected = await within(response.read(), "the over-long prompt's answer")
-            assert response.status == 400, rejected  # vLLM's own 4xx, relayed as it came
-        assert b"maximum context length" in rejected
-    assert answered_by == {shard.name for shard in shards}
+    include_usage = {"stream_options": {"include_usage": True}}
+    routed = await through_the_router(shards, MODEL_NAME, too_long=TOO_LONG, stream_extra=include_usage)
+    assert routed.answered_by == {shard.name for shard in shards}
+    assert routed.chunks[-1]["usage"]["completion_tokens"] == 4, "vLLM's usage chunk is relayed"
+    assert routed.rejected_status == 400, routed.rejected  # vLLM's own 4xx, relayed as it came
+    assert b"maximum context length" in routed.rejected
