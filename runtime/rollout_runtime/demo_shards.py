@@ -28,7 +28,7 @@ import aiohttp
 from rollout_runtime.health import ProbeSettings
 from rollout_runtime.shards import Shard
 from rollout_runtime.sim import SimFaults, SimFleet
-from rollout_runtime.sim.chaos import Fault, FaultKind, FaultSchedule
+from rollout_runtime.sim.chaos import Fault, FaultKind, FaultSchedule, ShardFleet
 from rollout_runtime.weights import (
     IdentitySource,
     SGLangWeightVersion,
@@ -49,13 +49,9 @@ class ShardEngine(str, enum.Enum):
     VLLM = "vllm"
 
 
-class DemoFleet(Protocol):
-    """A started fleet (:class:`~rollout_runtime.sim.SimFleet` or :class:`~rollout_runtime.vllm.fleet.VllmFleet`)."""
-
-    model: str
-
-    @property
-    def names(self) -> list[str]: ...
+class DemoFleet(ShardFleet, Protocol):
+    """A started fleet (:class:`~rollout_runtime.sim.SimFleet` or :class:`~rollout_runtime.vllm.fleet.VllmFleet`):
+    the chaos injector's verbs plus the shards to route to."""
 
     @property
     def shards(self) -> list[Shard]: ...
@@ -70,8 +66,8 @@ Refit = Callable[[aiohttp.ClientSession, Shard, int], Awaitable[None]]
 class DemoShards:
     """What the demo needs from an engine."""
 
-    fleet: AbstractAsyncContextManager[Any]
-    """Entered, it yields the :class:`DemoFleet` (and the chaos injector's ``ShardFleet``)."""
+    fleet: AbstractAsyncContextManager[DemoFleet]
+    """Entered, it starts the shards and yields them."""
     identity: IdentitySource
     probe: ProbeSettings
     refit: Refit
