@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from rollout_runtime.failures import GenerationUnavailable, RolloutDataFailure, 
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, HealthState, ProbeReason, ProbeSettings, ProbeTargetPolicy, Transition
 from rollout_runtime.health.probe import HttpProber, check_model_list
+from rollout_runtime.redaction import redact_secrets
 
 SECRETS = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=20, max_size=48
@@ -128,3 +130,14 @@ def test_a_secret_in_a_shards_error_body_reaches_no_failure(
         assert secret not in diagnose(exc).reason
     else:
         raise AssertionError("an error status must raise")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["TOKEN password 0000000000000000000A", "token password hunter22", "Bearer secret s3cr3tvalue99"],
+)
+def test_a_credential_word_after_an_auth_scheme_does_not_shield_the_secret_after_it(text: str) -> None:
+    """Found by hypothesis: "token" read as an auth scheme took "password" for its credential, hid the word and left
+    the password itself in the ledger."""
+    secret = text.rsplit(" ", 1)[1]
+    assert secret not in redact_secrets(text)
