@@ -37,12 +37,13 @@ MAX_MESSAGE_CHARS: Final[int] = 2000
 _USERINFO: Final[re.Pattern[str]] = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s@]+@")
 _AUTH_SCHEME: Final[re.Pattern[str]] = re.compile(
     r"(?P<scheme>\b(?:bearer|basic|token|apikey|api-key|digest)\s+)"
-    r"(?!(?:password|passwd|passphrase|secret|token|key|credentials?)\b)[A-Za-z0-9._~+/=:-]{6,}",
+    r"(?!(?:password|passwd|passphrase|secret|token|key|credentials?)\b)(?![A-Za-z0-9._~+/=-]+:)"
+    r"[A-Za-z0-9._~+/=:-]{6,}",
     re.IGNORECASE,
 )
-"""A scheme and its credential (``Bearer <t>``). Not when the next word names a credential itself: in "token password
-hunter22" the secret is the password's value, which the prose rule below redacts; taking "password" for the token
-would hide the word and leave the secret."""
+"""A scheme and its credential (``Bearer <t>``). Not when the next word names a credential itself or a header (a word
+and a colon): in "token password hunter22" or "token X-Api-Key: k3y" the secret is that key's value, which the rules
+below redact; taking the key's name for the token would hide the name and leave the secret."""
 _KEY_NAMES: Final[str] = (
     r"(?:[a-z0-9_-]*?(?:api[_-]?key|apikey|access[_-]?key|secret[_-]?key|private[_-]?key|client[_-]?secret)"
     r"|(?:access|refresh|id|auth|session|bearer|api|csrf)?[_-]?token|secret|password|passwd|pwd|authorization"

@@ -134,7 +134,12 @@ def test_a_secret_in_a_shards_error_body_reaches_no_failure(
 
 @pytest.mark.parametrize(
     "text",
-    ["TOKEN password 0000000000000000000A", "token password hunter22", "Bearer secret s3cr3tvalue99"],
+    [
+        "TOKEN password 0000000000000000000A",
+        "token password hunter22",
+        "Bearer secret s3cr3tvalue99",
+        "TOKEN Ocp-Apim-Subscription-Key: 0000000000000000000A",
+    ],
 )
 def test_a_credential_word_after_an_auth_scheme_does_not_shield_the_secret_after_it(text: str) -> None:
     """Found by hypothesis: "token" read as an auth scheme took "password" for its credential, hid the word and left
