@@ -13,6 +13,7 @@ from rollout_runtime.failures import GymTransportError
 from rollout_runtime.sim import SimFleet
 from rollout_runtime.sim.chaos import (
     FLEET_TARGET,
+    GENERATED_KINDS,
     Fault,
     FaultInjector,
     FaultKind,
@@ -20,6 +21,7 @@ from rollout_runtime.sim.chaos import (
     SimEnvTarget,
 )
 from rollout_runtime.sim.environments import MultiStepRequest, MultiStepResponse
+from rollout_runtime.sim.process import until
 
 NAMES = ["shard-0", "shard-1", "shard-2"]
 
@@ -32,7 +34,7 @@ def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> Non
 
 def test_a_generated_schedule_has_every_kind_in_order_within_bounds() -> None:
     schedule = FaultSchedule.generate(3, NAMES, per_kind=2, start=0.1, end=0.7)
-    assert schedule.kinds() == {kind.value: 2 for kind in FaultKind}
+    assert schedule.kinds() == {kind.value: 2 for kind in GENERATED_KINDS}
     starts = [fault.at_progress for fault in schedule.faults]
     assert starts == sorted(starts)
     assert all(0.1 <= start <= 0.7 for start in starts)
@@ -114,6 +116,64 @@ async def test_faults_fire_when_progress_reaches_them_and_are_undone_on_close() 
         assert all(record.ended is not None for record in injector.injected)
         assert injector.injected[0].detail["exit_status"] == -9
         assert not injector.errors
+
+
+async def test_a_sigterm_lets_the_request_in_flight_finish_and_the_restart_comes_back_on_its_port() -> None:
+    schedule = FaultSchedule.of([Fault(kind=FaultKind.SHARD_TERMINATE, target="shard-0", at_progress=0.5)])
+    async with SimFleet(1) as fleet, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        await fleet.set_faults("shard-0", slow_seconds=0.5)
+        injector = FaultInjector(fleet, schedule)
+        endpoint, pid = fleet.shard("shard-0").endpoint, fleet.pid("shard-0")
+
+        async def generate() -> tuple[int, dict[str, object]]:
+            async with session.post(f"{endpoint}/v1/completions", json={"prompt": "What is 2 + 3?"}) as response:
+                return response.status, await response.json()
+
+        in_flight = asyncio.create_task(generate())
+
+        async def started() -> bool:
+            return (await fleet.stats("shard-0")).get("generation_requests", 0) == 1
+
+        await until(started, timeout_seconds=10, what="the request to reach the shard")
+        try:
+            injector.advance(0.5)
+            status, body = await in_flight  # answered during the drain, after the SIGTERM
+            await injector.until_applied(1)  # the shard has exited
+        finally:
+            await injector.close()
+        assert status == 200
+        assert body["choices"][0]["text"] == "5"  # type: ignore[index]
+        record = injector.injected[0]
+        assert record.detail["exit_status"] == 0  # it exited by itself, not by the SIGKILL after the grace
+        [drained] = record.detail["final_stats"]
+        assert (drained["generation_requests"], drained["completions"]) == (1, 1)
+        assert fleet.alive("shard-0")
+        assert fleet.pid("shard-0") != pid
+        assert fleet.shard("shard-0").endpoint == endpoint
+
+
+@pytest.mark.parametrize("body", ["empty", "no_choices"])
+async def test_a_gray_shard_answers_200_with_a_body_that_is_not_a_completion_while_its_health_is_200(body: str) -> None:
+    gray = Fault(kind=FaultKind.GRAY_200, target="shard-0", at_progress=0.5, hold_seconds=3600, body=body)
+    capped = Fault(kind=FaultKind.CONCURRENCY_CAP, target="shard-1", at_progress=0.5, hold_seconds=3600, count=1)
+    async with SimFleet(2) as fleet, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        injector = FaultInjector(fleet, FaultSchedule.of([gray, capped]))
+        try:
+            injector.advance(0.5)
+            await injector.until_applied(2)
+            gray_url = fleet.shard("shard-0").endpoint
+            async with session.post(f"{gray_url}/v1/completions", json={"prompt": "What is 2 + 3?"}) as response:
+                assert response.status == 200
+                raw = await response.read()
+            async with session.get(f"{gray_url}/health") as response:
+                assert response.status == 200
+            assert (await _faults(session, fleet, "shard-1"))["max_concurrent"] == 1
+        finally:
+            await injector.close()
+        assert raw == b"" if body == "empty" else b'"choices": []' in raw
+        assert (await fleet.stats("shard-0"))[f"not_a_completion_{body}"] == 1
+        assert (await _faults(session, fleet, "shard-0"))["not_a_completion_rate"] == 0
+        assert (await _faults(session, fleet, "shard-1"))["max_concurrent"] is None
 
 
 async def _faults(session: aiohttp.ClientSession, fleet: SimFleet, name: str) -> dict[str, object]:

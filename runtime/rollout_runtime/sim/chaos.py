@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,11 +42,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_TARGET",
     "FLEET_TARGET",
+    "GENERATED_KINDS",
     "EnvironmentTarget",
     "Fault",
     "FaultInjector",
     "FaultKind",
     "FaultSchedule",
+    "GracefulFleet",
     "InjectedFault",
     "SimEnvTarget",
 ]
@@ -81,6 +83,23 @@ class FaultKind(str, enum.Enum):
     """Checkpoint the environment server, SIGKILL it mid-episode, restart it with the same checkpoint directory."""
     ALL_SHARDS_DOWN = "all_shards_down"
     """SIGKILL every shard; restart them all after the hold."""
+    SHARD_TERMINATE = "shard_terminate"
+    """SIGTERM a shard (a graceful stop, as a Deployment update sends: it stops listening and finishes what it has in
+    flight); start it again on the same port after the hold. On :data:`FLEET_TARGET`: a rolling restart, every shard
+    in turn, each one healthy again before the next is stopped (``maxUnavailable: 1`` behind a readiness probe)."""
+    GRAY_200 = "gray_200"
+    """A gray shard: ``/health`` stays 200 while generation answers 200 with a body that is not a completion
+    (``body``), at ``rate`` (every request when None) or for the next ``count`` requests, for the hold."""
+    CONCURRENCY_CAP = "concurrency_cap"
+    """A shard serves at most ``count`` generation requests at once for the hold; one more is answered 429 with
+    ``Retry-After: 1`` at once."""
+
+
+GENERATED_KINDS: Final[tuple[FaultKind, ...]] = tuple(
+    kind for kind in FaultKind if kind not in (FaultKind.SHARD_TERMINATE, FaultKind.GRAY_200, FaultKind.CONCURRENCY_CAP)
+)
+"""The kinds :meth:`FaultSchedule.generate` draws by default (the chaos suite's and the demo's mix); the later kinds
+are placed by hand, in bench/failover_scenarios.py's scenarios."""
 
 
 _SHARD_KINDS: Final[frozenset[FaultKind]] = frozenset(
@@ -92,6 +111,9 @@ _SHARD_KINDS: Final[frozenset[FaultKind]] = frozenset(
         FaultKind.RATE_LIMIT_429,
         FaultKind.CONNECTION_DROP,
         FaultKind.WRONG_MODEL,
+        FaultKind.SHARD_TERMINATE,
+        FaultKind.GRAY_200,
+        FaultKind.CONCURRENCY_CAP,
     }
 )
 _5XX: Final[tuple[int, ...]] = (500, 502, 503, 504)
@@ -121,6 +143,10 @@ class Fault(BaseModel):
     slow_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
     flap_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
     """For ERROR_BURST_5XX: the shard flaps for the hold (see :attr:`SimFaults.flap_seconds`)."""
+    rate: Annotated[float, Field(gt=0, le=1)] | None = None
+    """For GRAY_200: the fraction of generation requests answered with ``body`` (every one when None)."""
+    body: Literal["truncated", "no_choices", "error_object", "empty"] = "error_object"
+    """For GRAY_200: what the 200 carries (see :attr:`SimFaults.not_a_completion`)."""
 
     @model_validator(mode="after")
     def _one_trigger(self) -> Fault:
@@ -130,6 +156,10 @@ class Fault(BaseModel):
             raise ValueError("until_progress must not be before at_progress")
         if self.flap_seconds is not None and self.kind is not FaultKind.ERROR_BURST_5XX:
             raise ValueError("flap_seconds applies to error_burst_5xx only")
+        if self.rate is not None and self.kind is not FaultKind.GRAY_200:
+            raise ValueError("rate applies to gray_200 only")
+        if self.kind is FaultKind.CONCURRENCY_CAP and self.count < 1:
+            raise ValueError("concurrency_cap needs count >= 1 (the requests served at once)")
         return self
 
     def active(self, seconds: float) -> bool:
@@ -151,6 +181,13 @@ class Fault(BaseModel):
                 if self.count
                 else f"every response cut off mid-body {lasting}"
             )
+        elif self.kind is FaultKind.GRAY_200:
+            share = "every" if self.rate is None else f"{self.rate:.0%} of"
+            what = (
+                f"next {self.count} answers are 200 with body {self.body!r} {bound}"
+                if self.count
+                else f"{share} answers 200 with body {self.body!r} {lasting}"
+            )
         elif self.kind in _BURST_KINDS:
             what = (
                 f"next {self.count} requests answer {status} {bound}"
@@ -165,6 +202,12 @@ class Fault(BaseModel):
                 FaultKind.WRONG_MODEL: f"serves another model {lasting}",
                 FaultKind.ENV_CRASH: "checkpoint, SIGKILL mid-episode, restart from the checkpoint directory",
                 FaultKind.ALL_SHARDS_DOWN: f"SIGKILL every shard, restart all {after}",
+                FaultKind.SHARD_TERMINATE: (
+                    f"SIGTERM (graceful), start again {after}"
+                    if self.target != FLEET_TARGET
+                    else f"rolling restart: SIGTERM each shard in turn, start it again {after}, healthy before the next"
+                ),
+                FaultKind.CONCURRENCY_CAP: f"at most {self.count} requests at once, 429 beyond, {lasting}",
             }[self.kind]
         at = f"{self.at_progress:.0%}" if self.at_seconds is None else f"{self.at_seconds:g}s"
         return f"{self.kind.value} on {self.target} at {at}: {what}"
@@ -195,7 +238,7 @@ class FaultSchedule(BaseModel):
         seed: int,
         shards: Sequence[str],
         *,
-        kinds: Sequence[FaultKind] = tuple(FaultKind),
+        kinds: Sequence[FaultKind] = GENERATED_KINDS,
         per_kind: int = 1,
         environment: str | None = ENV_TARGET,
         start: float = 0.05,
@@ -277,6 +320,16 @@ class ShardFleet(Protocol):
 
     async def set_faults(self, name: str, **fields: Any) -> Any:
         """Make its answers faulty (the sim shard's fault fields); a shard that cannot raises."""
+        ...
+
+
+@runtime_checkable
+class GracefulFleet(Protocol):
+    """A fleet that can stop a shard gracefully, for SHARD_TERMINATE (SimFleet can; a fleet without it refuses that
+    fault when it comes, as an error of the injector, never of the run)."""
+
+    async def terminate(self, name: str) -> tuple[int | None, dict[str, int]]:
+        """SIGTERM the shard and wait for it to exit; its exit status and its counters after the drain."""
         ...
 
 
@@ -436,7 +489,8 @@ class FaultInjector:
         for fault in schedule.faults:
             if fault.kind is FaultKind.ENV_CRASH and fault.target not in self.environments:
                 raise ValueError(f"{fault.describe()}: no environment target named {fault.target!r}")
-            if fault.kind in _SHARD_KINDS and fault.target not in fleet.names:
+            rolling = fault.kind is FaultKind.SHARD_TERMINATE and fault.target == FLEET_TARGET
+            if fault.kind in _SHARD_KINDS and fault.target not in fleet.names and not rolling:
                 raise ValueError(f"{fault.describe()}: no shard named {fault.target!r}")
 
     @property
@@ -556,6 +610,32 @@ class FaultInjector:
             burst: dict[str, Any] = {"fail_next": fault.count} if fault.count else {"error_rate": 1.0}
             await fleet.set_faults(name, error_status=status, **burst)
             await self._hold_then(record, self._clear(name, **dict.fromkeys(burst, 0)))
+        elif kind is FaultKind.SHARD_TERMINATE and name == FLEET_TARGET:
+            graceful = self._graceful()
+            record.detail["final_stats"] = []
+            self._mark_applied(record)
+            for shard in fleet.names:
+                code, drained = await graceful.terminate(shard)
+                record.detail["final_stats"].append(drained)
+                record.detail.setdefault("exit_status", []).append(code)
+                try:
+                    await self._hold(fault)
+                finally:
+                    await asyncio.shield(self._restart(shard))  # back (and healthy) before the next one stops
+            record.lifted = asyncio.get_running_loop().time()
+        elif kind is FaultKind.SHARD_TERMINATE:
+            exit_status, counters = await self._graceful().terminate(name)
+            record.detail["exit_status"], record.detail["final_stats"] = exit_status, [counters]
+            await self._hold_then(record, self._restart(name))
+        elif kind is FaultKind.GRAY_200:
+            gray: dict[str, Any] = (
+                {"not_a_completion_next": fault.count} if fault.count else {"not_a_completion_rate": fault.rate or 1.0}
+            )
+            await fleet.set_faults(name, not_a_completion=fault.body, **gray)
+            await self._hold_then(record, self._clear(name, **dict.fromkeys(gray, 0)))
+        elif kind is FaultKind.CONCURRENCY_CAP:
+            await fleet.set_faults(name, max_concurrent=fault.count, busy_retry_after_seconds=1)
+            await self._hold_then(record, self._clear(name, max_concurrent=None))
         elif kind is FaultKind.WRONG_MODEL:
             await fleet.set_faults(name, wrong_model=f"{fleet.model}-imposter")
             await self._hold_then(record, self._clear(name, wrong_model=None))
@@ -571,6 +651,11 @@ class FaultInjector:
             await self._hold_then(record, self._restart_all(names))
         else:  # pragma: no cover - the enum is closed
             raise AssertionError(kind)
+
+    def _graceful(self) -> GracefulFleet:
+        if not isinstance(self.fleet, GracefulFleet):
+            raise TypeError(f"{type(self.fleet).__name__} cannot stop a shard gracefully (shard_terminate)")
+        return self.fleet
 
     async def _checkpoint_mid_episode(self, environment: EnvironmentTarget) -> list[str]:
         """Checkpoint once an episode is in flight, so the crash tests resuming and not an idle server.

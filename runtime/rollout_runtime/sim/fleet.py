@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import shutil
 import sys
 import tempfile
@@ -25,8 +26,8 @@ from typing import Any
 import aiohttp
 
 from rollout_runtime.shards.model import Shard
-from rollout_runtime.sim.process import ManagedProcess, until
-from rollout_runtime.sim.shard import READY_PREFIX, SimFaults
+from rollout_runtime.sim.process import ManagedProcess, tail, until
+from rollout_runtime.sim.shard import FINAL_STATS, READY_PREFIX, SimFaults
 
 __all__ = ["SimFleet", "SimFleetError", "SimShardProcess"]
 
@@ -229,6 +230,18 @@ class SimFleet:
     async def kill(self, name: str) -> int | None:
         """SIGKILL the shard and wait for it to be gone; return its exit status."""
         return await self._member(name).process.kill_async()
+
+    async def terminate(self, name: str, grace_seconds: float = 5.0) -> tuple[int | None, dict[str, int]]:
+        """SIGTERM the shard (it stops listening and finishes its requests in flight) and wait for it to exit;
+        SIGKILL it if it has not within ``grace_seconds``. Return its exit status and its counters after the drain
+        (the last line it logged; empty if it wrote none)."""
+        process = self._member(name).process
+        status = await process.stop_async(grace_seconds)
+        for line in reversed(tail(process.log_path, 20).splitlines()):
+            if line.startswith(FINAL_STATS):
+                counters: dict[str, int] = json.loads(line[len(FINAL_STATS) :])
+                return status, counters
+        return status, {}
 
     async def wait_exit(self, name: str) -> int | None:
         """Wait for the shard's process to exit by itself (after a crash fault); return its status."""

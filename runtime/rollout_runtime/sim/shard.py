@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import re
+import sys
 import time
 import uuid
 from collections import Counter
@@ -104,8 +105,10 @@ class SimFaults(BaseModel):
     not_a_completion_next: Annotated[int, Field(ge=0)] = 0
     """The next N generation requests are answered 200 with a body that is not a completion (``not_a_completion``);
     a stream's first event is that body, then ``data: [DONE]``."""
-    not_a_completion: Literal["truncated", "no_choices", "error_object"] = "error_object"
-    """What such a 200 carries: JSON cut short, ``"choices": []``, or an OpenAI error object."""
+    not_a_completion_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Fraction of generation requests answered so, at random (a gray shard: ``/health`` 200, some answers junk)."""
+    not_a_completion: Literal["truncated", "no_choices", "error_object", "empty"] = "error_object"
+    """What such a 200 carries: JSON cut short, ``"choices": []``, an OpenAI error object, or no body at all."""
 
     @model_validator(mode="after")
     def _named_model(self) -> SimFaults:
@@ -127,6 +130,10 @@ class SimShardConfig(BaseModel):
     weight_version: Annotated[str, Field(min_length=1, max_length=256)] = "default"
     """The weights version at start (SGLang's ``--weight-version``); every restart comes back at it."""
     faults: SimFaults = Field(default_factory=SimFaults)
+
+
+FINAL_STATS: Final[str] = "sim shard: final stats "
+"""The prefix of the last line a shard writes to its log when it stops, with its counters as JSON."""
 
 
 def flap_is_down(elapsed_seconds: float, flap_seconds: float) -> bool:
@@ -320,6 +327,7 @@ class SimShard:
         cap = self.faults.max_concurrent
         if cap is not None and self._generating >= cap:
             self.stats["errors_429"] += 1
+            self.stats["refused_at_cap"] += 1  # never reaches _generation_faults: not in generation_requests
             busy = error_response(429, f"injected fault: {cap} requests in flight")
             busy.headers["Retry-After"] = str(self.faults.busy_retry_after_seconds)
             return busy
@@ -371,18 +379,23 @@ class SimShard:
             self.stats[f"errors_{self.faults.error_status}"] += 1
             return error_response(self.faults.error_status, f"injected fault: HTTP {self.faults.error_status}")
         if self.faults.slow_seconds:
+            self.stats["slowed"] += 1
             await asyncio.sleep(self.faults.slow_seconds)
         return None
 
     def _not_a_completion(self) -> bytes | None:
-        """The body of a 200 that is not a completion, while ``not_a_completion_next`` lasts (counted)."""
-        if self.faults.not_a_completion_next <= 0:
+        """The body of a 200 that is not a completion, while ``not_a_completion_next`` lasts or at
+        ``not_a_completion_rate`` (counted)."""
+        if self.faults.not_a_completion_next > 0:
+            self.faults.not_a_completion_next -= 1
+        elif not (self.faults.not_a_completion_rate and self._random.random() < self.faults.not_a_completion_rate):
             return None
-        self.faults.not_a_completion_next -= 1
         kind = self.faults.not_a_completion
         self.stats[f"not_a_completion_{kind}"] += 1
         if kind == "truncated":
             return b'{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "te'
+        if kind == "empty":
+            return b""
         if kind == "no_choices":
             return json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
         error = {"message": "injected: an error inside a 200", "type": "InternalServerError"}
@@ -761,4 +774,6 @@ async def serve(
                     log.warning("sim shard: parent %d is gone, exiting", parent)
                     break
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # stops listening, then waits for the requests in flight (up to shutdown_timeout)
+        # The counters once the drain is over, for whoever stopped the shard (its admin endpoint is gone now).
+        print(FINAL_STATS + json.dumps(dict(shard.stats)), file=sys.stderr, flush=True)
