@@ -149,9 +149,11 @@ def haproxy_config(port: int, stats_socket: Path, servers: Mapping[str, int], s:
 def nginx_config(prefix: Path, port: int, servers: Mapping[str, int], s: ProxySettings) -> str:
     """nginx (open source: passive health only) as a careful user configures it in front of generation servers.
 
-    ``least_conn``; ``max_fails``/``fail_timeout`` per server; ``proxy_next_upstream error timeout http_500 http_502
-    http_503 http_504 non_idempotent``: without ``non_idempotent`` nginx never retries a POST (every completion
-    request is one), so a 503 or a dead server would go straight back to the client. Upstream keep-alive as
+    ``least_conn``; ``max_fails``/``fail_timeout`` per server; ``proxy_next_upstream error timeout http_429 http_500
+    http_502 http_503 http_504 non_idempotent``: without ``non_idempotent`` nginx never retries a POST (every
+    completion request is one), so a 503 or a dead server would go straight back to the client; ``http_429`` sends
+    a request refused by a server at its concurrency cap to the next one (listed, a 429 also counts toward
+    ``max_fails``, as the 5xx do). Upstream keep-alive as
     recommended (HTTP/1.1, cleared Connection header).
     """
     upstreams = "\n".join(
@@ -187,7 +189,7 @@ http {{
             proxy_connect_timeout 1s;
             proxy_send_timeout {_ms(s.attempt_timeout)};
             proxy_read_timeout {_ms(s.attempt_timeout)};
-            proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;
+            proxy_next_upstream error timeout http_429 http_500 http_502 http_503 http_504 non_idempotent;
             proxy_next_upstream_tries {s.tries};
         }}
     }}

@@ -15,7 +15,6 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     ("script", "expected"),
     [
         ("classification.py", "8-deep chain"),
-        ("failover.py", "failover ratios vs rollout-fleet"),
         ("dispatch_overhead.py", "Dispatcher                  :"),
         ("dispatch_scale.py", "dispatch scale ratios"),
         ("operator_scale.py", "operator scale ratios"),
