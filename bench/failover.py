@@ -49,7 +49,18 @@ from prometheus_client import CollectorRegistry
 from _failover_special import BLAME, WEIGHTS, WEIGHTS_SMOKE, weights_scenario
 from _field_routers import FieldRouter
 from _peers import HAProxy, Nginx
-from failover_scenarios import MATRIX, SCENARIOS, SMOKE, Prompt, Scale, Scenario, baseline, make_prompts, rank_key
+from failover_scenarios import (
+    FIGURES,
+    MATRIX,
+    SCENARIOS,
+    SMOKE,
+    Prompt,
+    Scale,
+    Scenario,
+    baseline,
+    make_prompts,
+    rank_key,
+)
 from rollout_runtime.dispatch import (
     Completed,
     Dispatcher,
@@ -69,7 +80,6 @@ from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind
 
 MARKER = "failover matrix ranks"
 CONTENDERS = ("rollout-fleet", "router", "nginx", "haproxy", "vllm-router", "sglang-router", "naive")
-OURS = ("rollout-fleet", "router")
 
 # -- what every contender records -----------------------------------------------------------------------------
 
@@ -371,15 +381,7 @@ class Row:
     detail: str = ""
 
     def figures(self) -> dict[str, float]:
-        return {
-            "lost": self.lost,
-            "errors": self.errors,
-            "corrupt": self.corrupt,
-            "p99": self.p99,
-            "late": self.late,
-            "goodput": self.goodput,
-            "wasted": self.wasted,
-        }
+        return {column: float(getattr(self, column)) for column in FIGURES}
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -411,6 +413,13 @@ _RESTARTS = (FaultKind.SHARD_KILL, FaultKind.ALL_SHARDS_DOWN)
 
 
 async def run_contender(name: str, scenario: Scenario, scale: Scale, seed: int, trace: int = 0) -> Row:
+    """One contender, one scenario, one seed, on a fresh fleet of sim shards.
+
+    The hook for real shards (issue 39, part 4): a fleet of real vLLM servers with SimFleet's surface for faults
+    (``names``, ``shards``, ``kill``, ``hang``, ``resume``, ``terminate``, ``restart``) takes the SimFleet's place
+    here; the ledger then comes from each server's ``/metrics`` instead of ``/admin/stats``, and the scenarios
+    marked ``sim_only`` (faults a real server cannot be told to show) are skipped.
+    """
     prompts = make_prompts(scenario, scale, seed)
     tally = Tally()
     t0 = 0.0
@@ -497,7 +506,7 @@ Table = dict[str, dict[str, float]]
 
 def ranked(scenario: Scenario, table: Table) -> list[str]:
     """The contenders, best first by the scenario's figure of merit (then its tiebreak)."""
-    return sorted(table, key=lambda name: rank_key(scenario, {k: table[name][k] for k in _FIGURES}))
+    return sorted(table, key=lambda name: rank_key(scenario, {k: table[name][k] for k in FIGURES}))
 
 
 def report_scenario(scenario: Scenario, table: Table, spread: Mapping[str, str]) -> None:
@@ -506,9 +515,6 @@ def report_scenario(scenario: Scenario, table: Table, spread: Mapping[str, str])
     for rank, name in enumerate(ranked(scenario, table), 1):
         cells = " ".join(f"{c:>9}" for c in _cells(table[name]))
         print(f"  {rank:<4} {name:14} {cells}  {spread.get(name, '')}")
-
-
-_FIGURES = ("lost", "errors", "corrupt", "p99", "late", "goodput", "wasted")
 
 
 def markdown(scenario: Scenario, table: Table, spread: Mapping[str, str]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from _peers import ProxySettings
 from rollout_runtime.dispatch import DispatchPolicy
@@ -97,6 +97,8 @@ MATRIX = Scale(6, 24, 4.0, 0.2, 4.0, 0.5, 0.25, 0.1, 2.0)
 SMOKE = Scale(4, 8, 2.0, 0.05, 1.5, 0.25, 0.15, 0.05, 0.5)
 
 Column = Literal["lost", "errors", "corrupt", "p99", "late", "goodput", "wasted"]
+"""The figures a scenario can be decided by (each a field of bench/failover.py's Row)."""
+FIGURES: tuple[Column, ...] = get_args(Column)
 HIGHER_IS_BETTER: frozenset[Column] = frozenset({"goodput"})
 
 
