@@ -615,10 +615,10 @@ class FaultInjector:
             record.detail["final_stats"] = []
             self._mark_applied(record)
             for shard in fleet.names:
-                code, drained = await graceful.terminate(shard)
-                record.detail["final_stats"].append(drained)
-                record.detail.setdefault("exit_status", []).append(code)
                 try:
+                    code, drained = await graceful.terminate(shard)
+                    record.detail["final_stats"].append(drained)
+                    record.detail.setdefault("exit_status", []).append(code)
                     await self._hold(fault)
                 finally:
                     await asyncio.shield(self._restart(shard))  # back (and healthy) before the next one stops
