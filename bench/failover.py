@@ -17,8 +17,9 @@ Probe period/timeout/thresholds, per-attempt timeout and attempt budget are the 
 the knob. Per contender: prompts completed (correct answer), lost (not completed), of those the client-visible
 errors and the corrupt ones (a 200 that was not the answer, passed on as a completion), requests that reached a shard
 and those wasted, p50/p99/max prompt latency, prompts more than 1 s late, goodput (completed per second, as a share
-of the same contender's fault-free run of the same scenario), and where every shard request went (the shards' own
-counters: useful, duplicate, refused at a cap, errors, malformed 200s, cut or unanswered; they add up to the total).
+of the same contender's fault-free run of the same scenario, charged at least that run's time), and where every
+shard request went (the shards' own counters: useful, duplicate, refused at a cap, errors, malformed 200s, cut or
+unanswered; they add up to the total).
 
     python bench/failover.py                               # the whole matrix, seed 1 (~9 minutes)
     python bench/failover.py --scenario all --seeds 1,2,3  # medians and spread over 3 seeds (~25 minutes)
@@ -377,7 +378,9 @@ class Row:
     hits: dict[str, int]
     """Proof the faults hit: the injector's applied faults and the shards' fault counters."""
     goodput: float = float("nan")
-    """``rate`` as a share of the same contender's fault-free run of the same scenario (1.0: no loss)."""
+    """The share of the fault-free rate this run kept (:func:`goodput`; 1.0: no loss)."""
+    fault_free_wall: float = float("nan")
+    """Seconds the same contender's fault-free run of the same scenario took for the same prompts."""
     detail: str = ""
 
     def figures(self) -> dict[str, float]:
@@ -407,6 +410,13 @@ def print_trace(name: str, tally: Tally, t0: float, injector: FaultInjector, cou
         took = tally.ended[pid] - tally.started[pid]
         why = tally.errors.get(pid) or tally.corrupt.get(pid) or ""
         print(f"    prompt {pid}: {took:.2f}s, ended {tally.ended[pid] - t0:.2f}s [{tries}] {why[:160]}")
+
+
+def goodput(completed: int, wall: float, fault_free_wall: float, prompts: int) -> float:
+    """Prompts completed per second, as a share of the fault-free run's rate (which completes every prompt). A run
+    is charged at least the fault-free run's time: one that ends early because it gave prompts up has not done the
+    batch sooner (the trainer still needs those prompts)."""
+    return (completed / max(wall, fault_free_wall)) / (prompts / fault_free_wall)
 
 
 _RESTARTS = (FaultKind.SHARD_KILL, FaultKind.ALL_SHARDS_DOWN)
@@ -534,17 +544,47 @@ def medians(rows: Sequence[Row]) -> dict[str, float]:
     return out
 
 
+def summarize(scenario: Scenario, by_seed: Mapping[int, Sequence[Row]], ranks: list[tuple[str, list[str]]]) -> str:
+    """Print the scenario's table of medians over the seeds; add its ranking to ``ranks``; return it as markdown."""
+    names = [row.name for row in next(iter(by_seed.values()))]
+    per_name = {name: [next(r for r in rows if r.name == name) for rows in by_seed.values()] for name in names}
+    table = {name: medians(rows) for name, rows in per_name.items()}
+    spread = {name: "/".join(_fmt(r.figures()[scenario.figure]) for r in rows) for name, rows in per_name.items()}
+    report_scenario(scenario, table, spread)
+    ranks.append((scenario.name, ranked(scenario, table)))
+    return f"### {scenario.name}\n\n{markdown(scenario, table, spread)}"
+
+
+def report_saved(path: Path) -> str:
+    """The tables and ranks of a saved run (``--json``), judged by the scenarios as they are now described."""
+    saved = json.loads(path.read_text())
+    ranks: list[tuple[str, list[str]]] = []
+    tables = []
+    for name, by_seed in saved.items():
+        rows = {int(seed): [Row(**row) for row in seed_rows] for seed, seed_rows in by_seed.items()}
+        for row in (row for seed_rows in rows.values() for row in seed_rows):
+            if row.fault_free_wall != row.fault_free_wall and row.goodput > 0:  # saved before it was: rate / goodput
+                row.fault_free_wall = row.prompts / (row.rate / row.goodput)
+            row.goodput = goodput(row.completed, row.wall, row.fault_free_wall, row.prompts)
+        tables.append(summarize(SCENARIOS[name], rows, ranks))
+    print(f"\n{MARKER}:")
+    for name, order in ranks:
+        print(f"  {name:16} " + " > ".join(order))
+    return "\n\n".join(tables) + "\n"
+
+
 def _fmt(value: float) -> str:
     return "-" if value != value else (f"{value:.0f}" if abs(value) >= 10 or value == int(value) else f"{value:.2f}")
 
 
 async def main_async(
     scenarios: Sequence[Scenario], scale: Scale, seeds: Sequence[int], contenders: Sequence[str], options: Options
-) -> dict[str, object]:
+) -> tuple[dict[str, object], str]:
+    """Run every scenario on every seed; return each seed's rows by scenario, and the tables as markdown."""
     results: dict[str, object] = {}
     markdowns: list[str] = []
     ranks: list[tuple[str, list[str]]] = []
-    base_rate: dict[tuple[int, str], float] = {}
+    base_wall: dict[tuple[int, str], float] = {}
     for scenario in scenarios:
         print(
             f"\n== {scenario.name}: {scale.shards} sim shards, {scenario.prompt_count(scale)} prompts, "
@@ -556,14 +596,15 @@ async def main_async(
             print(f"  seed {seed}: " + "; ".join(f.describe() for f in scenario.schedule(scale, seed).faults))
             rows = by_seed[seed] = []
             for name in contenders:
-                if options.baseline and (scenario.stream_tokens, name) not in base_rate:
+                if options.baseline and (scenario.stream_tokens, name) not in base_wall:
                     free = await run_contender(name, baseline(scenario), scale, seeds[0])
-                    base_rate[scenario.stream_tokens, name] = free.rate
+                    base_wall[scenario.stream_tokens, name] = free.wall
                     print(f"    {name} fault-free: {free.completed} in {free.wall:.1f}s ({free.rate:.0f}/s)")
                 started = time.monotonic()
                 row = await run_contender(name, scenario, scale, seed, options.trace)
-                if (scenario.stream_tokens, name) in base_rate:
-                    row.goodput = row.rate / base_rate[scenario.stream_tokens, name]
+                if (scenario.stream_tokens, name) in base_wall:
+                    row.fault_free_wall = base_wall[scenario.stream_tokens, name]
+                    row.goodput = goodput(row.completed, row.wall, row.fault_free_wall, row.prompts)
                 rows.append(row)
                 ledger = ", ".join(f"{k} {v}" for k, v in row.ledger.items())
                 print(
@@ -571,18 +612,12 @@ async def main_async(
                     f"p99 {row.p99:.2f}s, {row.wall:.1f}s ({time.monotonic() - started:.0f}s with setup); "
                     f"shard requests {sum(row.ledger.values())} = {ledger}; {row.detail}"
                 )
-        per_name = {name: [next(r for r in by_seed[s] if r.name == name) for s in seeds] for name in contenders}
-        table = {name: medians(rows) for name, rows in per_name.items()}
-        spread = {name: "/".join(_fmt(r.figures()[scenario.figure]) for r in rows) for name, rows in per_name.items()}
-        report_scenario(scenario, table, spread)
-        markdowns.append(f"### {scenario.name}\n\n{markdown(scenario, table, spread)}")
-        ranks.append((scenario.name, ranked(scenario, table)))
+        markdowns.append(summarize(scenario, by_seed, ranks))
         results[scenario.name] = {str(s): [asdict(r) for r in rows] for s, rows in by_seed.items()}
     print(f"\n{MARKER} (by each scenario's figure of merit, medians over seeds {', '.join(map(str, seeds))}):")
     for name, order in ranks:
         print(f"  {name:16} " + " > ".join(order))
-    results["markdown"] = "\n\n".join(markdowns) + "\n"
-    return results
+    return results, "\n\n".join(markdowns) + "\n"
 
 
 @dataclass(frozen=True)
@@ -603,9 +638,15 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write every row of every seed to this file")
     parser.add_argument("--markdown", default=None, help="write the median tables as markdown to this file")
     parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
+    parser.add_argument("--report", default=None, help="print the tables of a run saved with --json; run nothing")
     args = parser.parse_args()
     if args.scenario not in known:
         parser.error(f"unknown scenario {args.scenario!r}; known: {', '.join(known)}")
+    if args.report:
+        tables = report_saved(Path(args.report))
+        if args.markdown:
+            Path(args.markdown).write_text(tables)
+        return
     if args.weights:
         scale = WEIGHTS_SMOKE if args.smoke else WEIGHTS
         asyncio.run(
@@ -625,9 +666,9 @@ def main() -> None:
         parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
     scenarios = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
     options = Options(trace=args.trace, baseline=not args.smoke)
-    results = asyncio.run(main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options))
+    results, tables = asyncio.run(main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options))
     if args.markdown:
-        Path(args.markdown).write_text(str(results.pop("markdown")))
+        Path(args.markdown).write_text(tables)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
 
