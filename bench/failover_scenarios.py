@@ -12,7 +12,7 @@ slow-shard          one shard 10x slower, never failing                         
 rolling-restart     SIGTERM (graceful) one shard at a time, each healthy before the next         client errors
 gray                two shards answer 200 with malformed or empty bodies, /health stays 200     corrupt
 backpressure        every shard caps its concurrency, 429 with Retry-After beyond it             goodput
-stream-freeze       long streamed generations; two shards SIGSTOPped mid-stream                  > 1 s late
+stream-freeze       long streamed generations; two shards SIGSTOPped mid-stream                  lost, > 1 s late
 fleet-outage        every shard SIGKILLed at once, all restarted a moment later                  lost
 ==================  ==========================================================================  =================
 
@@ -267,8 +267,9 @@ SCENARIOS: dict[str, Scenario] = {
                  "does junk reach the client as a completion?", gray, hit="malformed", sim_only=True),
         Scenario("backpressure", "every shard caps its concurrency, 429 + Retry-After beyond", "goodput", "wasted",
                  "how much of the fault-free rate does it keep?", backpressure, hit="refused", sim_only=True),
-        Scenario("stream-freeze", "long streamed generations, two shards SIGSTOPped mid-stream", "late", "lost",
-                 "how many streams end more than 1 s late?", stream_freeze, stream_tokens=16),
+        Scenario("stream-freeze", "long streamed generations, two shards SIGSTOPped mid-stream", "lost", "late",
+                 "does a frozen stream cost the prompt, and how many end more than 1 s late?", stream_freeze,
+                 stream_tokens=16),
         Scenario("fleet-outage", "every shard SIGKILLed at once, restarted a moment later", "lost", "p99",
                  "does it ride out a moment with no shard?", fleet_outage),
     )
