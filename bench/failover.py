@@ -425,10 +425,11 @@ _RESTARTS = (FaultKind.SHARD_KILL, FaultKind.ALL_SHARDS_DOWN)
 async def run_contender(name: str, scenario: Scenario, scale: Scale, seed: int, trace: int = 0) -> Row:
     """One contender, one scenario, one seed, on a fresh fleet of sim shards.
 
-    The hook for real shards (issue 39, part 4): a fleet of real vLLM servers with SimFleet's surface for faults
-    (``names``, ``shards``, ``kill``, ``hang``, ``resume``, ``terminate``, ``restart``) takes the SimFleet's place
-    here; the ledger then comes from each server's ``/metrics`` instead of ``/admin/stats``, and the scenarios
-    marked ``sim_only`` (faults a real server cannot be told to show) are skipped.
+    The hook for real shards (issue 39, part 4): :class:`~rollout_runtime.vllm.fleet.VllmFleet` (the injector's
+    ``ShardFleet``: kill, hang, resume, restart) takes the SimFleet's place here, given a ``terminate``
+    (:class:`~rollout_runtime.sim.chaos.GracefulFleet`) for rolling-restart; the ledger then comes from each server's
+    ``/metrics`` instead of ``/admin/stats``, and the scenarios marked ``sim_only`` (faults a real server cannot be
+    told to show) are skipped.
     """
     prompts = make_prompts(scenario, scale, seed)
     tally = Tally()
