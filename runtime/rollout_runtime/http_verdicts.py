@@ -97,10 +97,11 @@ def model_missing(status: int, message: str) -> bool:
 
 
 def engine_dead(status: int, message: str) -> bool:
-    """vLLM's 500 "EngineCore encountered an issue": its engine core process died (vLLM documents the error as
-    global and unrecoverable; the server exits within seconds). Nothing a prompt did, and nothing more can succeed on
-    that server: the shard's fault at once, not a 500 that waits for evidence (``dispatch/blame.py``)."""
-    return status == 500 and bool(_ENGINE_DEAD.search(message))
+    """vLLM's "EngineCore encountered an issue": its engine core process died (vLLM documents the error as global and
+    unrecoverable; the server exits within seconds). A 500, or, in a stream that had begun, the same error object as
+    an event after the 200. Nothing a prompt did, and nothing more can succeed on that server: the shard's fault at
+    once, not an answer that waits for evidence (``dispatch/blame.py``)."""
+    return status in (200, 500) and bool(_ENGINE_DEAD.search(message))
 
 
 def is_backpressure(status: int | None, retry_after: float | None) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -257,3 +258,52 @@ async def _until_in_flight(url: str) -> None:
                 return
             await asyncio.sleep(0.05)
     raise AssertionError("the episode never started")
+
+
+class SlowRestartFleet:
+    """A ShardFleet whose restart takes as long as the test says (a real vLLM server takes a minute)."""
+
+    model = "m"
+    names = ["s"]
+
+    def __init__(self) -> None:
+        self.restarting = asyncio.Event()
+        self.may_finish = asyncio.Event()
+        self.up = True
+
+    def alive(self, name: str) -> bool:
+        return self.up
+
+    async def kill(self, name: str) -> int | None:
+        self.up = False
+        return -9
+
+    def hang(self, name: str) -> None: ...
+
+    def resume(self, name: str) -> None: ...
+
+    async def restart(self, name: str) -> Any:
+        self.restarting.set()
+        await self.may_finish.wait()
+        self.up = True
+
+    async def set_faults(self, name: str, **fields: Any) -> Any: ...
+
+
+async def test_close_returns_only_once_a_cancelled_kill_has_restarted_its_shard() -> None:
+    """A run that ends while a killed shard is coming back cancels the fault; the restart must still finish before
+    close() returns, or whoever settles the fleet next (the demo's refitter) sees a shard that is neither up nor
+    Stale, and the fleet is stopped with the restart half done."""
+    fleet = SlowRestartFleet()
+    kill = Fault(kind=FaultKind.SHARD_KILL, target="s", at_progress=0.1, until_progress=0.5)
+    injector = FaultInjector(fleet, FaultSchedule.of([kill]))
+    injector.advance(0.1)
+    await injector.until_applied(1)
+    injector.advance(0.5)  # the hold ends: the restart begins
+    await asyncio.wait_for(fleet.restarting.wait(), 10)
+    closing = asyncio.create_task(injector.close())
+    await until(lambda: injector.injected[0].ended is not None, timeout_seconds=10, what="the fault cancelled")
+    assert not closing.done(), "close() must wait for the restart it cancelled the fault around"
+    fleet.may_finish.set()
+    await asyncio.wait_for(closing, 10)
+    assert fleet.up

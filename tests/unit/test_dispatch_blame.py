@@ -293,6 +293,8 @@ def test_a_500_saying_the_engine_died_ejects_at_once_and_is_never_the_prompts_or
     dead = diag(500, ENGINE_DEAD)
     assert waits_for_evidence(signature(diag(500, "boom"), "a", "http://a:8000"))
     assert not waits_for_evidence(signature(dead, "a", "http://a:8000"))
+    streamed = diag(200, "the stream carried an error: {'message': '" + ENGINE_DEAD + "', 'code': 500}", infra=True)
+    assert not waits_for_evidence(signature(streamed, "a", "http://a:8000")), "the same error as a stream's event"
     evidence = Evidence()
     for shard in SHARDS:
         evidence.succeeded(shard, f"other-{shard}")

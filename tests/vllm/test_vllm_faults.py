@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import aiohttp
 import pytest
 
 from rollout_runtime.dispatch import Dispatcher, DispatchPolicy
+from rollout_runtime.dispatch.progress import bind_progress, unbind_progress
 from rollout_runtime.generation import GenerationClient
 from rollout_runtime.health import HealthPhase, HttpProber, ProbeReason, ProbeSettings
 from rollout_runtime.health.targets import ProbeTargetPolicy
@@ -73,19 +74,6 @@ def shard_of(server: VllmServer) -> Shard:
     return Shard(name=server.name, endpoint=server.url, model=MODEL_NAME)
 
 
-async def running_requests(server: VllmServer) -> float:
-    """``vllm:num_requests_running`` from the server's /metrics (0 when unreadable)."""
-    try:
-        async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as answer:
-            text = await answer.text()
-    except aiohttp.ClientError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @dataclass
 class Attempts:
     """Every attempt: (shard, start time, end time, ok)."""
@@ -111,8 +99,8 @@ async def batch(
     victim: VllmServer,
     policy: DispatchPolicy = POLICY,
 ) -> tuple[Any, ...]:
-    """Run ``prompts``; the victim's first attempt is a long generation, and ``fault`` lands while the server runs it
-    (a checked condition: ``vllm:num_requests_running`` above 0), before the attempt can end."""
+    """Run ``prompts``; the victim's first attempt is a long streamed generation, and ``fault`` lands once its first
+    token arrived (the engine is generating it) and before it can end: 200 tokens take seconds, the signal none."""
     attempts = Attempts()
     injected: list[bool] = []
     async with GenerationClient(timeout_seconds=60) as client, Dispatcher(source, policy) as dispatcher:
@@ -122,10 +110,21 @@ async def batch(
             try:
                 if shard.name == victim.name and not injected:
                     injected.append(True)
-                    request = asyncio.create_task(client.complete(shard, prompt, max_tokens=200, extra=LONG))
-                    await until(
-                        in_flight(victim, request), timeout_seconds=60, what=f"a request running on {victim.name}"
-                    )
+                    streaming = asyncio.Event()
+                    bound = bind_progress(lambda tokens: streaming.set())  # copied into the request's task
+                    try:
+                        request = asyncio.create_task(
+                            client.complete(shard, prompt, max_tokens=200, extra={**LONG, "stream": True})
+                        )
+                    finally:
+                        unbind_progress(bound)
+                    waiter = asyncio.ensure_future(streaming.wait())
+                    try:
+                        await asyncio.wait({request, waiter}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                    assert streaming.is_set(), f"no token of the long request from {victim.name} within 60 s"
+                    assert not request.done(), "the victim's long request ended before the fault could land in it"
                     fault()
                     completion = await request
                 else:
@@ -139,14 +138,6 @@ async def batch(
         run = dispatcher.run(prompts, rollout)
         outcomes, error = await collect_until_error(run, seconds=300)
         return outcomes, error, run, dispatcher, attempts, bool(injected)
-
-
-def in_flight(server: VllmServer, request: asyncio.Task[Any]) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        assert not request.done(), "the victim's long request ended before the fault could land in it"
-        return await running_requests(server) > 0
-
-    return check
 
 
 @contextlib.asynccontextmanager

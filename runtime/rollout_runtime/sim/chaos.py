@@ -481,6 +481,8 @@ class FaultInjector:
         self._timed = sorted((f for f in schedule.faults if f.at_seconds is not None), key=lambda f: f.at_seconds or 0)
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
+        self._undoing: set[asyncio.Future[Any]] = set()
+        """Undo steps still running after their fault was cancelled (a restart outlives the cancel: shielded)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._applied = 0
         self._applied_changed = asyncio.Event()
@@ -535,9 +537,10 @@ class FaultInjector:
             await self._applied_changed.wait()
 
     async def wait(self) -> None:
-        """Wait for every started fault (and, once the clock runs, every timed one) to end and be undone."""
-        while self._tasks or self._timers:
-            await asyncio.gather(*self._timers, *self._tasks, return_exceptions=True)
+        """Wait for every started fault (and, once the clock runs, every timed one) to end and be undone, including
+        the undo steps of cancelled faults (a killed shard's restart), so that nothing is left half-broken."""
+        while self._tasks or self._timers or self._undoing:
+            await asyncio.gather(*self._timers, *self._tasks, *self._undoing, return_exceptions=True)
 
     async def close(self) -> None:
         """Drop faults not started; cancel running ones (each undoes itself); wait for them."""
@@ -621,7 +624,7 @@ class FaultInjector:
                     record.detail.setdefault("exit_status", []).append(code)
                     await self._hold(fault)
                 finally:
-                    await asyncio.shield(self._restart(shard))  # back (and healthy) before the next one stops
+                    await self._undo(self._restart(shard))  # back (and healthy) before the next one stops
             record.lifted = asyncio.get_running_loop().time()
         elif kind is FaultKind.SHARD_TERMINATE:
             exit_status, counters = await self._graceful().terminate(name)
@@ -687,7 +690,14 @@ class FaultInjector:
             await self._hold(record.fault)
         finally:
             record.lifted = asyncio.get_running_loop().time()
-            await asyncio.shield(undo)
+            await self._undo(undo)
+
+    async def _undo(self, undo: Awaitable[Any]) -> None:
+        """Run an undo step to its end even if this fault is cancelled meanwhile; :meth:`wait` waits for it."""
+        step = asyncio.ensure_future(undo)
+        self._undoing.add(step)
+        step.add_done_callback(self._undoing.discard)
+        await asyncio.shield(step)
 
     async def _restart(self, name: str) -> None:
         await self.fleet.restart(name)
