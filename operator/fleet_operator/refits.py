@@ -16,7 +16,7 @@ from typing import Any
 from fleet_operator.decisions import GENERATION_SHARD
 from fleet_operator.records import FleetKey, TargetKey
 from fleet_operator.targets import Targets
-from fleet_operator.weights import PolicyObservation, lagging, observe_policy, refits_to_apply
+from fleet_operator.weights import PolicyObservation, lagging, observe_policy, refit_targets, refits_to_apply
 from rollout_runtime.health import HealthState, Transition
 from rollout_runtime.kube.api import RefitRecord
 
@@ -77,18 +77,21 @@ class RefitApplication:
         if seen is None or seen.spec is None:
             return
         targets, namespace = self._targets, key.namespace
-        states = {
+        by_target = {
             k.name: state
             for k, state in targets.monitor.states.items()
             if k.kind == GENERATION_SHARD and k.namespace == namespace
         }
-        applied = {k.name: r for k, r in self._applied.items() if k.namespace == namespace}
+        named = refit_targets(key.name, by_target)  # a pod member is refit under its pod's name
+        shards = {name: TargetKey(GENERATION_SHARD, namespace, target) for name, target in named.items()}
+        states = {name: by_target[target] for name, target in named.items()}
+        applied = {name: self._applied[k] for name, k in shards.items() if k in self._applied}
         apply, baseline = refits_to_apply(seen.spec.refits, applied, states, first_sighting=first_sighting)
         for refit in baseline:
-            self._applied[TargetKey(GENERATION_SHARD, namespace, refit.shard)] = refit
+            self._applied[shards[refit.shard]] = refit
             log.info("PolicyVersion %s/%s: refit of Stale shard %s taken as already applied", *key, refit.shard)
         for refit in apply:
-            shard = TargetKey(GENERATION_SHARD, namespace, refit.shard)
+            shard = shards[refit.shard]
             self._applied[shard] = refit
             if refit.phase == "Succeeded":
                 await self.record_refit(shard, refit.version, refit.instance)

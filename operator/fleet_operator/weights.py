@@ -10,6 +10,8 @@ never a spec or a status, so the operator stays the one writer of health. From i
   replay of an old refit: on the first sighting of an object, a Succeeded entry lifts a Stale shard only when its
   instance is the instance the shard runs now (evidence that the refit was of this process); otherwise it is only
   the baseline, and the trainer's next refit of that shard brings it back;
+- which shard a refit names (:func:`refit_targets`): a trainer refits a shard under the name the fleet's status
+  publishes, a GenerationShard's own name or, for a pod member of that fleet, its pod's name;
 - which members lag (:func:`lagging`): a refit version more than the fleet's ``maxWeightsLag`` behind the policy
   version makes the shard Stale (no traffic) until refit.
 """
@@ -29,7 +31,7 @@ from rollout_runtime.health import HealthState
 from rollout_runtime.kube.api import PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 from rollout_runtime.redaction import safe_message
 
-__all__ = ["PolicyObservation", "lagging", "observe_policy", "refits_to_apply"]
+__all__ = ["PolicyObservation", "lagging", "observe_policy", "refit_targets", "refits_to_apply"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,21 @@ def observe_policy(body: Mapping[str, Any]) -> PolicyObservation:
     except ValidationError as exc:
         reason = safe_message(f"invalid spec: {exc.errors()[0].get('msg', exc)}", 1024)
         return PolicyObservation(key, meta.get("uid", ""), None, reason)
+
+
+def refit_targets(fleet: str, targets: Iterable[str]) -> dict[str, str]:
+    """The fleet's shard targets by the name its PolicyVersion's refits use: the name the fleet's status publishes.
+
+    A GenerationShard is its own name; a pod member of this fleet is its pod's name (its target is
+    ``<fleet>/<pod>``, :func:`~fleet_operator.discovery.target_name`); another fleet's pod members are not this
+    PolicyVersion's. A GenerationShard and a pod member of one name: the GenerationShard (as the status would show
+    both under that name, a trainer cannot tell them apart; name them apart).
+    """
+    prefix = target_name(fleet, "")
+    names = list(targets)
+    named = {target.removeprefix(prefix): target for target in names if target.startswith(prefix)}
+    named.update({target: target for target in names if "/" not in target})
+    return named
 
 
 def refits_to_apply(

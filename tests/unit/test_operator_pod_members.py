@@ -116,6 +116,36 @@ async def test_a_refit_pod_member_that_restarts_is_stale_until_the_trainer_refit
     assert await published(engine, api) == {"vllm-0": "u0:1"}
 
 
+def policy_version(version: int, refits: list[tuple[str, str]]) -> dict[str, Any]:
+    """Fleet a's PolicyVersion as the trainer writes it: refits as (member name as published, instance)."""
+    entries = [
+        {"shard": shard, "version": version, "instance": instance, "phase": "Succeeded"} for shard, instance in refits
+    ]
+    return {
+        "metadata": {"name": "a", "namespace": NS, "uid": "pv"},
+        "spec": {"policyVersion": version, "refits": entries},
+    }
+
+
+async def test_a_policy_version_refits_a_pod_member_by_the_pod_name_the_fleet_publishes() -> None:
+    """The trainer knows a pod member by the name in the fleet's status (its pod's), not the operator's per-fleet
+    target name: a refit under that name is recorded, the restart makes it Stale, the next refit brings it back."""
+    api, prober = Api([pod("vllm-0", uid="u0", ip="10.1.0.5")]), Prober()
+    engine = engine_for(api, prober)
+    await engine.prime()
+    assert await published(engine, api) == {"vllm-0": "u0:0"}
+    await engine.upsert_policy_version(policy_version(3, [("vllm-0", "u0:0")]))
+    assert await published(engine, api) == {"vllm-0": "u0:0"}
+    assert api.statuses[("rolloutfleets", "a")]["shardWeights"] == [
+        {"name": "vllm-0", "weightsVersion": 3, "stale": False}
+    ]
+    await engine.upsert_pod(pod("vllm-0", uid="u0", ip="10.1.0.5", restarts=(1,)))
+    assert engine.phase("GenerationShard", NS, "a/vllm-0") is HealthPhase.STALE
+    assert await published(engine, api) == {}
+    await engine.upsert_policy_version(policy_version(3, [("vllm-0", "u0:1")]))
+    assert await published(engine, api) == {"vllm-0": "u0:1"}
+
+
 async def test_a_terminating_pod_is_draining_and_a_deleted_one_leaves() -> None:
     api, prober = Api([pod("vllm-0", uid="u0"), pod("vllm-1", uid="u1", ip="10.1.0.6")]), Prober()
     engine = engine_for(api, prober)

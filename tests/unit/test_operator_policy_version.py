@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from fleet_operator.crds import POLICY_VERSION, render_crd
 from fleet_operator.decisions import GENERATION_SHARD, Member, fleet_status
-from fleet_operator.weights import lagging, observe_policy, refits_to_apply
+from fleet_operator.weights import lagging, observe_policy, refit_targets, refits_to_apply
 from rollout_runtime.health import HealthPhase, HealthState, ProbeResult, ProbeSettings
 from rollout_runtime.kube.api import GenerationShardSpec, PolicyVersionSpec, RefitRecord, RolloutFleetSpec
 
@@ -65,6 +65,12 @@ def test_on_first_sighting_a_refit_of_the_running_instance_lifts_it() -> None:
 def test_a_refit_of_an_unknown_shard_waits_for_the_shard() -> None:
     refit = RefitRecord(shard="later", version=1)
     assert refits_to_apply([refit], {}, {}, first_sighting=False) == ([], [])
+
+
+def test_refits_name_pod_members_by_their_pod_and_never_another_fleets_members() -> None:
+    """A trainer refits under the names fleet a's status publishes: its GenerationShards' and its pods'."""
+    targets = ["s0", "a/vllm-0", "b/vllm-1", "a/s0"]
+    assert refit_targets("a", targets) == {"s0": "s0", "vllm-0": "a/vllm-0"}, "the object wins a shared name"
 
 
 def test_lagging_shards_are_those_beyond_max_weights_lag_in_the_fleet() -> None:
