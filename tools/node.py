@@ -21,7 +21,8 @@ What this machine needs and the node does (see docs/testing.md, "The cluster tie
 - fixed host paths (/run/containerd/s, /var/lib/kubelet/device-plugins): one node per machine, under a lock.
 
 Usage (as root):
-    node.py up [--ready-file PATH]    bring the node up and supervise it until signalled
+    node.py up [--ready-file PATH] [--host-state PATH]
+                                      bring the node up and supervise it until signalled
     node.py down                      tear down whatever a previous node left (idempotent)
 """
 
@@ -43,6 +44,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from pins import versions
 
@@ -520,6 +522,28 @@ def node_lock(wait: bool) -> Iterator[None]:
         yield
 
 
+def host_state() -> dict[str, Any]:
+    """What the node may change on the host and must give back: the sysctls it sets, its bridge, its and kube-proxy's
+    nftables tables, its mounts and cgroups, and the fixed host paths its parts use. Only the node's own names are
+    compared: other sessions on this machine create and remove their own links and mounts meanwhile."""
+    nft = tool("nftables", "NFTABLES_VERSION", "bin", "nft")
+    tables = subprocess.run([nft, "list", "tables"], capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = {f"table inet {NFT_TABLE}", "table ip kube-proxy", "table ip6 kube-proxy"}
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    prefixes = (str(STATE), str(RUN), *FIXED_PATHS)
+    cgroup = CGROUP_ROOT.lstrip("/")
+    paths = (*FIXED_PATHS, str(STATE), str(RUN))
+    return {
+        "sysctls": {key: Path("/proc/sys", key).read_text().strip() for key in SYSCTLS},
+        "bridge": Path("/sys/class/net", BRIDGE).exists(),
+        "nft": sorted(set(tables) & ours),
+        "mounts": sorted(m for m in mounts if m.startswith(prefixes)),
+        "cgroups": sorted(str(h) for h in hierarchies() if (h / cgroup).exists()),
+        "paths": {path: Path(path).exists() for path in paths},
+        "shims": shims(),
+    }
+
+
 def down() -> None:
     """Tear down whatever a node left: components by recorded pid, containers by cgroup, then the host's state."""
     for name in COMPONENTS:
@@ -571,6 +595,9 @@ def up(ready_file: Path | None, images: Path) -> int:
                                      f"--client-ca-file={pki / 'ca.crt'}",
                                      f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
                                      f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                                     # exec, logs, port-forward: dial the kubelet at the node's IP; by its hostname
+                                     # (the default's first choice) it would ask the host's resolver, off the machine
+                                     "--kubelet-preferred-address-types=InternalIP",
                                      f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
                                      "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                                      f"--service-account-key-file={pki / 'sa.pub'}",
@@ -655,6 +682,9 @@ def main(argv: list[str]) -> int:
     up_parser.add_argument("--images", type=Path, default=cache() / "images",
                            help="where tools/images.py wrote pause.tar and operator.tar")  # fmt: skip
     up_parser.add_argument("--wait-lock", action="store_true", help="wait for another node on this machine to end")
+    up_parser.add_argument("--host-state", type=Path,
+                           help="written with host_state() once the lock is held (before) and after teardown, "
+                                "still under the lock (after): another node's changes show in neither")  # fmt: skip
     sub.add_parser("down", help="tear down whatever a previous node left (idempotent)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -663,7 +693,15 @@ def main(argv: list[str]) -> int:
         if args.command == "down":
             down()
             return 0
-        return up(args.ready_file, args.images)
+        record: Path | None = args.host_state
+        before = host_state()
+        if record is not None:
+            write(record, json.dumps({"before": before}))
+        try:
+            return up(args.ready_file, args.images)
+        finally:
+            if record is not None:
+                write(record, json.dumps({"before": before, "after": host_state()}))
 
 
 if __name__ == "__main__":

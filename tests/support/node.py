@@ -4,7 +4,9 @@ The node's supervisor runs as a child of pytest with a parent-death signal of SI
 outright makes it tear the node down (restore the sysctls, remove the bridge, nftables tables, mounts and cgroups);
 a supervisor killed outright is cleaned up by the next ``up``, which runs ``down`` first. One node per machine: a
 second session waits on the node's lock rather than sharing or breaking it. After teardown the fixture checks the
-host is as it was before (:func:`host_state`): a teardown that leaks fails the run, not the next one.
+host is as it was before (``tools/node.py``'s ``host_state()``): a teardown that leaks fails the run, not the next
+one. Both snapshots are the supervisor's, taken while it holds the lock (``--host-state``): one taken here, before
+``up`` had the lock or after it let go, would see another session's node come or go and fail for it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import node as node_tool  # tools/node.py
 from images import DOCKERFILE, dockerfile_spec, source_key
 from support.processes import ManagedProcess, wait_until
 from support.tools import REPO_ROOT, ToolMissingError, cache_root
@@ -36,10 +39,15 @@ class Node:
     kubeconfig: Path
     supervisor: ManagedProcess
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    name: str = node_tool.NAME
+    """The Node object's name (``kubectl cordon``...)."""
+
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             ["kubectl", f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
         )  # fmt: skip
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{done.stderr}")
@@ -47,30 +55,6 @@ class Node:
 
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
-
-
-def host_state() -> dict[str, Any]:
-    """What the node may change on the host and must give back: the sysctls it sets, its bridge, its and kube-proxy's
-    nftables tables, its mounts and cgroups, and the fixed host paths its parts use. Only the node's own names are
-    compared: other sessions on this machine create and remove their own links and mounts meanwhile."""
-    import node as node_tool  # tools/node.py
-
-    nft = node_tool.tool("nftables", "NFTABLES_VERSION", "bin", "nft")
-    tables = subprocess.run([nft, "list", "tables"], capture_output=True, text=True, check=True).stdout.splitlines()
-    ours = {f"table inet {node_tool.NFT_TABLE}", "table ip kube-proxy", "table ip6 kube-proxy"}
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    prefixes = (str(node_tool.STATE), str(node_tool.RUN), *node_tool.FIXED_PATHS)
-    cgroup = node_tool.CGROUP_ROOT.lstrip("/")
-    paths = (*node_tool.FIXED_PATHS, str(node_tool.STATE), str(node_tool.RUN))
-    return {
-        "sysctls": {key: Path("/proc/sys", key).read_text().strip() for key in node_tool.SYSCTLS},
-        "bridge": Path("/sys/class/net", node_tool.BRIDGE).exists(),
-        "nft": sorted(set(tables) & ours),
-        "mounts": sorted(m for m in mounts if m.startswith(prefixes)),
-        "cgroups": sorted(str(h) for h in node_tool.hierarchies() if (h / cgroup).exists()),
-        "paths": {path: Path(path).exists() for path in paths},
-        "shims": node_tool.shims(),
-    }
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,7 +68,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     images = cache_root() / "images" / f"node-{source_key(dockerfile_spec(DOCKERFILE.read_text()))}"
     if not (images / ".complete").exists():
         raise ToolMissingError(f"the node's images for this checkout are not built: run `{INSTALL_HINT_IMAGES}`")
-    ready = work / "ready"
+    ready, record = work / "ready", work / "host-state.json"
     setpriv = shutil.which("setpriv")
     assert setpriv is not None
     supervisor = ManagedProcess(
@@ -99,16 +83,18 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             "--wait-lock",
             f"--ready-file={ready}",
             f"--images={images}",
+            f"--host-state={record}",
         ],
         work / "node.log",
     )
-    before = host_state()
     supervisor.start()
     try:
         wait_until(ready.exists, timeout=UP_TIMEOUT, what="the node to be up", process=supervisor)
-        assert host_state() != before, "the node changed nothing on the host: is it up at all?"
+        before = json.loads(record.read_text())["before"]
+        assert node_tool.host_state() != before, "the node changed nothing on the host: is it up at all?"
         yield Node(Path(ready.read_text().strip()), supervisor)
     finally:
         supervisor.stop(timeout=120.0)
     assert supervisor.returncode == 0, supervisor.tail()
-    assert host_state() == before, "the node did not leave the host as it found it"
+    states = json.loads(record.read_text())
+    assert states.get("after") == states["before"], "the node did not leave the host as it found it"
