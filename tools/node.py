@@ -694,14 +694,14 @@ def main(argv: list[str]) -> int:
             down()
             return 0
         record: Path | None = args.host_state
+        if record is None:
+            return up(args.ready_file, args.images)
         before = host_state()
-        if record is not None:
-            write(record, json.dumps({"before": before}))
+        write(record, json.dumps({"before": before}))
         try:
             return up(args.ready_file, args.images)
         finally:
-            if record is not None:
-                write(record, json.dumps({"before": before, "after": host_state()}))
+            write(record, json.dumps({"before": before, "after": host_state()}))
 
 
 if __name__ == "__main__":

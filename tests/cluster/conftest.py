@@ -1,9 +1,9 @@
 """The cluster tier's one node and one helm install, shared by its modules.
 
-The modules run in file-name order on that install: ``test_cluster_quickstart.py`` (the README's quickstart, pods
-deleted, killed and scaled), ``test_cluster_shard_pods.py`` (pod members, refits, drains, the router, RBAC and
-Prometheus, after one ``helm upgrade``), then ``test_cluster_upgrade.py`` (two replicas, the PDB, ``helm
-uninstall``), which must stay last.
+The modules run in file-name order: ``test_cluster_node_lock.py`` first (no node: it holds the machine-wide lock
+itself), then on the one install ``test_cluster_quickstart.py`` (the README's quickstart, pods deleted, killed and
+scaled), ``test_cluster_shard_pods.py`` (pod members, refits, drains, the router, RBAC and Prometheus, after one
+``helm upgrade``) and ``test_cluster_upgrade.py`` (two replicas, the PDB, ``helm uninstall``), which must stay last.
 """
 
 from __future__ import annotations
