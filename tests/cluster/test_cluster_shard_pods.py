@@ -305,8 +305,10 @@ def test_the_pods_service_accounts_get_exactly_what_the_chart_grants(pods: Insta
 def test_prometheus_scrapes_the_operator_and_shard_pods_at_their_pod_ips(
     pods: Installed, prometheus_factory: PrometheusFactory
 ) -> None:
-    leader = pods.lease_holder()
-    (operator,) = [p for p in pods.ready_pods(OPERATOR, "fleet-system") if p["metadata"]["name"] == leader]
+    """Static targets, the pods' IPs as the API lists them (Debian's prometheus is built without kubernetes_sd): the
+    operator's and the shard pods' own /metrics, reached from the host across the node's bridge."""
+    (operator,) = pods.ready_pods(OPERATOR, "fleet-system")
+    assert operator["metadata"]["name"] == pods.lease_holder()
     shards = pods.ready_pods(REPLICAS)
     targets = [f"{operator['status']['podIP']}:8080", *(f"{p['status']['podIP']}:8000" for p in shards)]
     prometheus = prometheus_factory(targets, job="pods")
