@@ -239,7 +239,7 @@ def test_the_router_deployment_serves_the_fleet_and_stops_sending_to_a_killed_sh
     node.kubectl("scale", "deployment", "vllm-1", "--replicas=0")
     try:
         until("vllm-1 out of fleet demo", lambda: pods.fleet().get("healthy") == "1/2", node)
-        assert not node.json("get", "pods", "-l", "app.kubernetes.io/instance=vllm-1")["items"], "vllm-1 is gone"
+        until("vllm-1's pod gone", lambda: not pods.pods("app.kubernetes.io/instance=vllm-1"), node)
 
         def first_tries_on_vllm_0() -> bool:
             answers = [complete(url, f"session-{i}") for i in range(16)]
