@@ -696,6 +696,10 @@ def main(argv: list[str]) -> int:
         record: Path | None = args.host_state
         if record is None:
             return up(args.ready_file, args.images)
+        # A node killed outright (its supervisor SIGKILLed, the machine's session cut) left its bridge, mounts and
+        # sysctls: clear them first, so the baseline is the host's own and not that node's leftovers, which ``up``
+        # would clear anyway and the check would then report as this node's leak.
+        down()
         before = host_state()
         write(record, json.dumps({"before": before}))
         try:
