@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -45,6 +46,10 @@ PYPI_LOCKS = (
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 20.0
 """Per registry request: a registry that answers at all answers a metadata look-up in well under a second."""
+TRIES = 4
+RETRY_BACKOFF_S = 2.0
+"""Back-off before the 2nd, 3rd and 4th try (2, 4, 8 s): a resolver or proxy blip of a few seconds is ridden out,
+while a registry that is really down still fails the check in well under a minute."""
 
 
 class PinError(Exception):
@@ -154,17 +159,28 @@ def deb_uri(package: str, revision: str) -> str:
 
 
 def http_ok(url: str, accept: str | None = None) -> bytes:
-    """GET (or HEAD, for a .deb) ``url``; PinError naming the status when the registry does not serve it."""
+    """GET (or HEAD, for a .deb) ``url``; PinError naming the status when the registry does not serve it.
+
+    A registry that cannot be reached (a DNS or connection error, a timeout, a 5xx or 429) says nothing about the pin:
+    it is asked again after a back-off, and only a registry still unreachable after :data:`TRIES` fails the check,
+    saying so. A 404 or 410 is the registry's answer that the pin is gone, and is not retried."""
     method = "HEAD" if url.endswith(".deb") else "GET"
     request = urllib.request.Request(url, method=method, headers={"Accept": accept} if accept else {})
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
-            body: bytes = answer.read()
-            return body
-    except urllib.error.HTTPError as error:
-        raise PinError(f"{url}: HTTP {error.code}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as error:
-        raise PinError(f"{url}: unreachable ({getattr(error, 'reason', error)})") from None
+    reason = ""
+    for attempt in range(TRIES):
+        if attempt:
+            time.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))  # waiting out a network blip, not synchronising
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+                body: bytes = answer.read()
+                return body
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code != 429:
+                raise PinError(f"{url}: HTTP {error.code}") from None
+            reason = f"HTTP {error.code}"
+        except (urllib.error.URLError, TimeoutError, OSError) as error:
+            reason = str(getattr(error, "reason", error))
+    raise PinError(f"{url}: unreachable after {TRIES} tries ({reason}): the registry, not the pin, failed") from None
 
 
 def debian_pins(pins: dict[str, str]) -> dict[str, str]:

@@ -6,6 +6,9 @@ the rules they apply.
 
 from __future__ import annotations
 
+import email.message
+import io
+import urllib.error
 from collections.abc import Callable
 
 import pytest
@@ -117,3 +120,56 @@ def test_the_vllm_locks_pin_what_versions_env_says() -> None:
     for lock in pins.VLLM_LOCKS:
         text = lock.read_text()
         assert text.count("==") <= text.count("--hash=sha256:"), f"{lock} has a pin without a hash"
+
+
+class Flaky:
+    """``urlopen`` failing ``failures`` times with ``error``, then answering ``b"ok"``; counts the calls."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def __call__(self, request: object, timeout: float) -> io.BytesIO:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return io.BytesIO(b"ok")
+
+
+def http_error(code: int) -> urllib.error.HTTPError:
+    return urllib.error.HTTPError("https://registry.invalid/x", code, "status", email.message.Message(), None)
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(pins.time, "sleep", slept.append)
+    return slept
+
+
+@pytest.mark.parametrize(
+    "error", [urllib.error.URLError("Temporary failure in name resolution"), TimeoutError("timed out"), http_error(503)]
+)
+def test_a_registry_blip_is_ridden_out(monkeypatch: pytest.MonkeyPatch, waits: list[float], error: Exception) -> None:
+    flaky = Flaky(pins.TRIES - 1, error)
+    monkeypatch.setattr(pins.urllib.request, "urlopen", flaky)
+    assert pins.http_ok("https://registry.invalid/x") == b"ok"
+    assert flaky.calls == pins.TRIES
+    assert waits == [pins.RETRY_BACKOFF_S * 2**i for i in range(pins.TRIES - 1)]
+
+
+def test_a_registry_still_down_fails_saying_it_was_the_registry(
+    monkeypatch: pytest.MonkeyPatch, waits: list[float]
+) -> None:
+    flaky = Flaky(pins.TRIES, urllib.error.URLError("Temporary failure in name resolution"))
+    monkeypatch.setattr(pins.urllib.request, "urlopen", flaky)
+    with pytest.raises(pins.PinError, match=r"unreachable after 4 tries .*name resolution.*not the pin"):
+        pins.http_ok("https://registry.invalid/x")
+    assert flaky.calls == pins.TRIES
+
+
+def test_a_pin_the_registry_does_not_serve_fails_at_once(monkeypatch: pytest.MonkeyPatch, waits: list[float]) -> None:
+    flaky = Flaky(1, http_error(404))
+    monkeypatch.setattr(pins.urllib.request, "urlopen", flaky)
+    with pytest.raises(pins.PinError, match="HTTP 404"):
+        pins.http_ok("https://registry.invalid/x")
+    assert (flaky.calls, waits) == (1, [])
