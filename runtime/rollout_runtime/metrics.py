@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_FLEET",
     "FLEET_LABELS",
     "PROMPT_RESULTS",
+    "QUALITY_SIGNALS",
     "STALL_ACTIONS",
     "BucketCounts",
     "FamiliesCollector",
@@ -51,6 +52,8 @@ __all__ = [
 ATTEMPT_OUTCOMES = ("success", "infra_failure", "data_failure", "cancelled", "stale")
 PROMPT_RESULTS = ("completed", "data_failed", "skipped")
 STALL_ACTIONS = ("warn", "abort")
+QUALITY_SIGNALS = ("empty", "odd_finish", "length", "logprob", "mismatch")
+"""``dispatch.quality.SIGNALS``, spelled out here because that package imports this module (a test keeps them equal)."""
 FLEET_LABELS = ("fleet", "namespace")
 """Constant labels on every ``rollout_*`` sample, in this order."""
 
@@ -81,6 +84,9 @@ _HELP = {
     "rollout_shard_holds": "Failures after which the ejection cap (max_ejection_percent) kept a shard in rotation, "
     "so it was held instead (until a passing probe past the backoff). A steady rate means correlated failures on "
     "more shards than the cap lets out.",
+    "rollout_shard_quarantines": "Shards taken out of rotation because their outputs, though answered 200, differ "
+    "from those of their peers on the same weights version (signal: empty, odd_finish, length, logprob, mismatch). "
+    "Any increase is a gray failure: see the ShardQuarantined event's evidence.",
     "rollout_committed_results": "Committed results by how many policy versions the producing shard lagged the "
     "trainer (lag=unknown: weights not tracked). Anything but lag=0 with max_weights_lag 0 is a bug.",
     "rollout_shard_stale": "1 while a shard is Stale or Refitting (restarted since its last refit, or being refit): "
@@ -139,6 +145,7 @@ class RolloutMetrics:
         self.stalls = dict.fromkeys(STALL_ACTIONS, 0)
         self.ejections: dict[str, int] = {}
         self.holds: dict[str, int] = {}
+        self.quarantines: dict[tuple[str, str], int] = {}
         self.redispatches = 0
         self.exhausted = 0
         self.healthy_shards = 0
@@ -182,10 +189,17 @@ class RolloutMetrics:
     def hold(self, shard: str) -> None:
         self.holds[shard] = self.holds.get(shard, 0) + 1
 
+    def quarantine(self, shard: str, signal: str) -> None:
+        key = (shard, signal)
+        self.quarantines[key] = self.quarantines.get(key, 0) + 1
+
     def shard_joined(self, shard: str) -> None:
-        """``shard`` joined the healthy set: its holds series starts at 0, so a panel shows "none" rather than no
-        data (holds are rare; ejections are not pre-seeded, a dashboard sees them in any real run)."""
+        """``shard`` joined the healthy set: its holds and quarantines series start at 0, so a panel shows "none"
+        rather than no data and an alert's ``increase()`` sees the first one (both are rare; ejections are not
+        pre-seeded, a dashboard sees them in any real run)."""
         self.holds.setdefault(shard, 0)
+        for signal in QUALITY_SIGNALS:
+            self.quarantines.setdefault((shard, signal), 0)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value as exposed (0 when absent): for reports and tests.
@@ -249,6 +263,11 @@ class _RolloutCollector(FamiliesCollector):
         holds = CounterMetricFamily(
             "rollout_shard_holds_total", _HELP["rollout_shard_holds"], labels=[*FLEET_LABELS, "shard"]
         )
+        quarantines = CounterMetricFamily(
+            "rollout_shard_quarantines_total",
+            _HELP["rollout_shard_quarantines"],
+            labels=[*FLEET_LABELS, "shard", "signal"],
+        )
         healthy = GaugeMetricFamily("rollout_healthy_shards", _HELP["rollout_healthy_shards"], labels=FLEET_LABELS)
         committed = CounterMetricFamily(
             "rollout_committed_results", _HELP["rollout_committed_results"], labels=[*FLEET_LABELS, "lag"]
@@ -272,6 +291,7 @@ class _RolloutCollector(FamiliesCollector):
             last_commit,
             ejections,
             holds,
+            quarantines,
             healthy,
         ]
         if not samples:
@@ -295,6 +315,8 @@ class _RolloutCollector(FamiliesCollector):
             ejections.add_metric([*fixed, shard], count)
         for shard, count in list(m.holds.items()):
             holds.add_metric([*fixed, shard], count)
+        for (shard, signal), count in list(m.quarantines.items()):
+            quarantines.add_metric([*fixed, shard, signal], count)
         healthy.add_metric(fixed, m.healthy_shards)
         for lag, count in list(m.committed_by_lag.items()):
             committed.add_metric([*fixed, lag], count)

@@ -23,6 +23,7 @@ CONTRACT = {
     "rollout_last_commit_timestamp_seconds": ("gauge", FLEET),
     "rollout_ejections": ("counter", FLEET | {"shard"}),
     "rollout_shard_holds": ("counter", FLEET | {"shard"}),
+    "rollout_shard_quarantines": ("counter", FLEET | {"shard", "signal"}),
     "rollout_healthy_shards": ("gauge", FLEET),
     "rollout_committed_results": ("counter", FLEET | {"lag"}),
     "rollout_shard_stale": ("gauge", FLEET | {"shard"}),
@@ -36,6 +37,7 @@ def test_registers_exactly_the_contract_names_types_and_labels() -> None:
     metrics.failure("infra", "GenerationUnavailable")
     metrics.ejection("a")
     metrics.hold("a")
+    metrics.quarantine("a", "empty")
     metrics.committed("0")
     metrics.stale_shards = lambda: {"a": True}
     found = {}

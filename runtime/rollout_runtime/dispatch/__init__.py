@@ -31,12 +31,14 @@ from rollout_runtime.dispatch.outcomes import (
     PromptId,
     RunStats,
     ShardEjected,
+    ShardQuarantined,
     ShardRestored,
     Skipped,
     StallDetected,
 )
 from rollout_runtime.dispatch.policy import DispatchPolicy
 from rollout_runtime.dispatch.progress import report_progress
+from rollout_runtime.dispatch.quality import QualityDetector, QualitySettings, QualityVerdict, Sample, samples_of
 from rollout_runtime.dispatch.selection import ShardLoad, pick_shard
 from rollout_runtime.dispatch.session import DispatchSession, SessionClosed
 from rollout_runtime.dispatch.watchdog import StallVerdict, StallWatchdog, watch
@@ -65,12 +67,17 @@ __all__ = [
     "Outcome",
     "PromptBudget",
     "PromptId",
+    "QualityDetector",
+    "QualitySettings",
+    "QualityVerdict",
     "RetryDecision",
     "Rollout",
     "RunStats",
+    "Sample",
     "SessionClosed",
     "ShardEjected",
     "ShardLoad",
+    "ShardQuarantined",
     "ShardRestored",
     "Skipped",
     "StallDetected",
@@ -83,5 +90,6 @@ __all__ = [
     "max_ejectable",
     "pick_shard",
     "report_progress",
+    "samples_of",
     "watch",
 ]

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -55,9 +56,19 @@ from rollout_runtime.dispatch.attempt import INTERRUPTS, AttemptEnd, Attempts
 from rollout_runtime.dispatch.clock import Clock, LoopClock
 from rollout_runtime.dispatch.drops import DropCounts, DropKind
 from rollout_runtime.dispatch.gate import Gate
-from rollout_runtime.dispatch.ledger import FailureLedger
-from rollout_runtime.dispatch.outcomes import Completed, DataFailed, DispatchEvent, PromptId, RunStats, Skipped
+from rollout_runtime.dispatch.ledger import FailureLedger, QuarantineEntry
+from rollout_runtime.dispatch.outcomes import (
+    Completed,
+    DataFailed,
+    DispatchEvent,
+    PromptId,
+    RunStats,
+    ShardQuarantined,
+    ShardRestored,
+    Skipped,
+)
 from rollout_runtime.dispatch.policy import DispatchPolicy
+from rollout_runtime.dispatch.quality import QualityDetector, QualitySettings, QualityVerdict, samples_of
 from rollout_runtime.dispatch.rotation import Rotation
 from rollout_runtime.dispatch.run import DispatchRun, PromptState, Rollout, reserve_prompt_ids
 from rollout_runtime.dispatch.session import DispatchSession
@@ -87,6 +98,11 @@ log = logging.getLogger("rollout_runtime.dispatch")
 
 P = TypeVar("P")
 R = TypeVar("R")
+
+_PRODUCED_MEMORY = 1 << 16
+"""Completed samples whose producing shard and version :meth:`Dispatcher.report_sample_quality` can still name: the
+trainer reports a sample's mismatch after its step's logprob pass, so the last step or two must be remembered, and a
+GRPO step is rarely above tens of thousands of samples; 65,536 pairs cost a few megabytes."""
 
 
 class Dispatcher:
@@ -134,6 +150,13 @@ class Dispatcher:
         if ledger is None and self.policy.failure_ledger_path is not None:
             self._ledger = FailureLedger(self.policy.failure_ledger_path)
         self._evidence = blame.Evidence()
+        rate = self.policy.quality_false_positive_rate
+        self._quality = QualityDetector(QualitySettings(false_positive_rate=rate)) if rate > 0 else None
+        self._produced: OrderedDict[PromptId, tuple[str, int | None]] = OrderedDict()
+        self._recent: dict[str, deque[PromptId]] = {}
+        """Each shard's recent prompts (a quality window's worth), named by its ShardQuarantined event."""
+        self._suspect: dict[str, str] = {}
+        """Quarantined shards, until restored, and the signal that took them out: their results are flagged."""
         self._rotation = Rotation(self.policy, self.metrics, self._emit)
         self._attempts = Attempts(self.policy, self._rotation, self._weights)
         self.drops = DropCounts()
@@ -213,6 +236,21 @@ class Dispatcher:
     def weights_version(self, shard: str) -> int | None:
         """The weights version ``shard`` is known to serve (None: weights not tracked, or unknown)."""
         return self._attempts.version_of(shard)
+
+    def report_sample_quality(self, prompt_id: PromptId, mismatch: float) -> bool:
+        """The trainer's verdict on a completed sample: ``mismatch`` (higher is worse: its recomputed-vs-rollout
+        logprob error, or a negated reward) is attributed to the shard and weights version that produced it and
+        compared with that version's other shards (``dispatch/quality``); a clear outlier is quarantined.
+
+        Report each sample once, before its prompt id is reused by a later run. Return whether the prompt was known
+        (False: not completed by this dispatcher, forgotten, or quarantine is off)."""
+        produced = self._produced.get(prompt_id)
+        if produced is None or self._quality is None:
+            return False
+        shard, version = produced
+        if shard not in self._suspect and (verdict := self._quality.report(shard, version, mismatch)) is not None:
+            self._quarantine(verdict)
+        return True
 
     def run(
         self,
@@ -400,7 +438,82 @@ class Dispatcher:
         run.accounts.committed(verdict)
         self.drops.committed()
         attempts = state.budget.attempts + 1
-        run.finish(state, Completed(state.prompt_id, state.prompt, end.result, attempts, shard, verdict.version))
+        quality = self._sampled(shard, verdict.version, state.prompt_id, end.result)
+        completed = Completed(state.prompt_id, state.prompt, end.result, attempts, shard, verdict.version, quality)
+        run.finish(state, completed)
+
+    def _sampled(self, shard: str, version: int | None, prompt_id: PromptId, result: object) -> str | None:
+        """Feed a committed result to the quality detector; return the signal its shard is quarantined on, if it is
+        (the result came from the suspect window: the trainer is told rather than left to commit it silently)."""
+        if self._quality is None:
+            return None
+        self._produced[prompt_id] = (shard, version)
+        self._produced.move_to_end(prompt_id)
+        if len(self._produced) > _PRODUCED_MEMORY:
+            self._produced.popitem(last=False)
+        recent = self._recent.get(shard)
+        if recent is None:
+            recent = self._recent[shard] = deque(maxlen=self._quality.settings.window)
+        recent.append(prompt_id)
+        if shard not in self._suspect:  # a quarantined shard's late answers must not seed its next window
+            for sample in samples_of(result):
+                if (verdict := self._quality.observe(shard, version, sample)) is not None:
+                    self._quarantine(verdict)
+                    break
+        return self._suspect.get(shard)
+
+    def _quarantine(self, verdict: QualityVerdict) -> None:
+        """Take an outlier shard out of rotation like a sick one (ejected, back through its probe and a trial), and
+        say why: the event, the metric and the ledger carry the evidence."""
+        shard = verdict.shard
+        ejection = self._rotation.eject(shard, None)
+        if ejection is None:  # the panic rule kept it in rotation (held instead), or it left the healthy set
+            log.warning("shard %s: outputs unlike its peers' (%s) but the ejection cap keeps it in", shard, verdict)
+            return
+        assert self._quality is not None
+        self._quality.forget(shard)
+        self._suspect[shard] = verdict.signal
+        prompt_ids = tuple(self._recent.pop(shard, ()))
+        self.metrics.quarantine(shard, verdict.signal)
+        log.warning(
+            "shard %s quarantined for %.0fs: %s %s test p=%.3g < %.3g, effect %.3g, evidence %s",
+            shard,
+            ejection.seconds,
+            verdict.signal,
+            verdict.test,
+            verdict.p_value,
+            verdict.threshold,
+            verdict.effect,
+            dict(verdict.evidence),
+        )
+        fields = (shard, verdict.version, verdict.signal, verdict.test, verdict.p_value, verdict.threshold)
+        self._emit(
+            ShardQuarantined(
+                *fields,
+                verdict.effect,
+                verdict.evidence,
+                verdict.peers,
+                ejection.seconds,
+                ejection.count,
+                prompt_ids,
+            )
+        )
+        if self._ledger is not None:
+            self._ledger.write(
+                QuarantineEntry(
+                    shard,
+                    verdict.signal,
+                    verdict.test,
+                    verdict.version,
+                    verdict.p_value,
+                    verdict.threshold,
+                    verdict.effect,
+                    dict(verdict.evidence),
+                    verdict.peers,
+                    prompt_ids,
+                    self.clock.wall(),
+                )
+            )
 
     def _retry(self, run: DispatchRun[Any, Any], state: PromptState, delay: float) -> None:
         """Send the prompt back for another attempt after ``delay`` seconds. A prompt whose ``retry_refused``
@@ -513,6 +626,9 @@ class Dispatcher:
             async for snapshot in iterator:
                 for name in self._rotation.apply(snapshot):
                     self._attempts.gate.forget(name)
+                    self._suspect.pop(name, None)  # it left: it comes back as a new process, judged afresh
+                    if self._quality is not None:
+                        self._quality.forget(name)
         except Exception:
             log.exception("shard source failed; its last healthy set stays in force")
         finally:
@@ -521,6 +637,8 @@ class Dispatcher:
                 await aclose()
 
     def _emit(self, event: DispatchEvent) -> None:
+        if isinstance(event, ShardRestored):
+            self._suspect.pop(event.shard, None)  # back on trial: judged on new samples only
         if self._observer is None:
             return
         try:

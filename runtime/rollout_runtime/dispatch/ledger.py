@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
-__all__ = ["FailureLedger", "LedgerEntry"]
+__all__ = ["FailureLedger", "LedgerEntry", "QuarantineEntry"]
 
 _PREVIEW_CHARS = 200
 """Enough of a prompt to recognise it in the ledger, bounded so the ledger's size does not grow with prompt length."""
@@ -44,6 +44,30 @@ class LedgerEntry:
         return json.dumps(record, ensure_ascii=False, default=str)
 
 
+@dataclass(frozen=True, slots=True)
+class QuarantineEntry:
+    """A shard quarantined for its outputs (``result: "quarantined"``): the evidence, and the prompts of its recent
+    window, so the run's record says which results came from a shard found wrong while it answered 200."""
+
+    shard: str
+    signal: str
+    test: str
+    weights_version: int | None
+    p_value: float
+    threshold: float
+    effect: float
+    evidence: dict[str, float]
+    peers: tuple[str, ...]
+    prompt_ids: tuple[str | int, ...]
+    time: float
+    result: Literal["quarantined"] = "quarantined"
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record["peers"], record["prompt_ids"] = list(self.peers), list(self.prompt_ids)
+        return json.dumps(record, ensure_ascii=False, default=str)
+
+
 def preview(prompt: object) -> str:
     """A bounded, printable rendering of a prompt for humans reading the ledger."""
     try:
@@ -69,7 +93,7 @@ class FailureLedger:
         self.path = Path(path)
         self._file: IO[str] | None = None
 
-    def write(self, entry: LedgerEntry) -> None:
+    def write(self, entry: LedgerEntry | QuarantineEntry) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")

@@ -6,6 +6,7 @@ mistake it for a zero-reward sample.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
@@ -21,6 +22,7 @@ __all__ = [
     "PromptId",
     "RunStats",
     "ShardEjected",
+    "ShardQuarantined",
     "ShardRestored",
     "Skipped",
     "StallDetected",
@@ -42,6 +44,10 @@ class Completed(Generic[P, R]):
     attempts: int
     shard: str
     weights_version: int | None = None
+    quality: str | None = None
+    """None: nothing is known against this result. Otherwise the signal (``empty``, ``length``, ``mismatch``...) on
+    which its shard was quarantined before the result arrived: it came from the shard's suspect window, and the
+    trainer decides whether to train on it (see :class:`ShardQuarantined`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,28 @@ class ShardEjected:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardQuarantined:
+    """``shard`` answered 200 with outputs unlike those of its peers on the same weights ``version``
+    (:mod:`~rollout_runtime.dispatch.quality`): it is ejected for ``seconds`` (``count`` in a row) like a sick shard.
+
+    ``prompt_ids`` are the prompts whose results it produced in its recent window, as far as this dispatcher still
+    knows them: already handed out as :class:`Completed`, they may be in the trainer's batch; it decides."""
+
+    shard: str
+    version: int | None
+    signal: str
+    test: str
+    p_value: float
+    threshold: float
+    effect: float
+    evidence: Mapping[str, float]
+    peers: tuple[str, ...]
+    seconds: float
+    count: int
+    prompt_ids: tuple[PromptId, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ShardRestored:
     shard: str
     reason: Literal["expired", "probe", "served"]
@@ -156,4 +184,4 @@ class StallDetected:
     unfinished: int
 
 
-DispatchEvent = AttemptEnded | ShardEjected | ShardRestored | HealthyShardsChanged | StallDetected
+DispatchEvent = AttemptEnded | ShardEjected | ShardQuarantined | ShardRestored | HealthyShardsChanged | StallDetected
