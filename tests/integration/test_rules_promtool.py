@@ -28,6 +28,7 @@ EXPECTED_ALERTS = {
     "RolloutDataFailureSpike",
     "RolloutRedispatchExhausted",
     "RolloutShardStale",
+    "RolloutShardQuarantined",  # issue 38: gray failures
     # the router
     "RolloutRouterNoHealthyShard",
     "RolloutRouterStreamsInterrupted",
