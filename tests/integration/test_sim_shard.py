@@ -160,6 +160,24 @@ async def test_error_rate_one_fails_every_request_with_the_chosen_status(
     assert (status, body["error"]["code"]) == (503, 503)
 
 
+async def test_garble_rate_one_answers_200_with_garbage_to_the_token_limit(
+    http: aiohttp.ClientSession, shard_url: str
+) -> None:
+    """A gray failure: the body is a well-formed completion, only its content is wrong."""
+    _, clean = await post(http, shard_url + "/v1/completions", {"prompt": "What is 6 * 7?", "max_tokens": 8})
+    assert (clean["choices"][0]["text"], clean["choices"][0]["finish_reason"]) == ("42", "stop")
+    await post(http, shard_url + "/admin/faults", {"garble_rate": 1.0})
+    status, body = await post(http, shard_url + "/v1/completions", {"prompt": "What is 6 * 7?", "max_tokens": 8})
+    choice = body["choices"][0]
+    assert status == 200
+    assert choice["finish_reason"] == "length"
+    assert len(choice["text"].split()) == 8
+    assert "42" not in choice["text"].split()
+    assert body["usage"]["completion_tokens"] == 8
+    async with http.get(shard_url + "/admin/stats") as response:
+        assert (await response.json())["garbled"] == 1
+
+
 async def test_wrong_model_fault_changes_what_models_lists(http: aiohttp.ClientSession, shard_url: str) -> None:
     await post(http, shard_url + "/admin/faults", {"wrong_model": "llama-3"})
     async with http.get(shard_url + "/v1/models") as response:

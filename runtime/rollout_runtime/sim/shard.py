@@ -17,7 +17,8 @@ else is echoed. Tokens are whitespace-separated words. ``max_model_len`` is enfo
 
 Faults (:class:`SimFaults`), settable by flags and at run time: hang (accept, never answer, until lifted), slow
 (added latency), errors by status (a rate, or a deterministic burst of the next N requests), connection dropped
-mid-response (a rate, or the next N), 200s that are not completions (the next N), a concurrency cap answered with
+mid-response (a rate, or the next N), 200s that are not completions (the next N), garbled samples in well-formed
+200s (a rate), a concurrency cap answered with
 429 and Retry-After, serving the wrong model, an unhealthy ``/health``, flapping, and crash (the process exits at
 once, or after N generation requests). Errors are JSON in vLLM's shape; a request never sees a stack trace.
 """
@@ -60,6 +61,8 @@ READY_PREFIX: Final[str] = "SIM_SHARD_READY "
 """The line a sim shard prints on stdout once it listens, followed by JSON: host, port, pid, model."""
 CRASH_EXIT_CODE: Final[int] = 3
 _MAX_CHOICES: Final[int] = 16
+_GARBLE_SYLLABLES: Final[tuple[str, ...]] = ("zq", "xv", "##", "\ufffd", "kj", "<unk>", "ll", "qq")
+"""What a garbled sample is made of: nothing the sim model would say, so it is told apart by length and logprobs."""
 _ARITHMETIC = re.compile(r"(-?\d{1,12})\s*([-+*])\s*(-?\d{1,12})")
 
 
@@ -109,6 +112,10 @@ class SimFaults(BaseModel):
     """Fraction of generation requests answered so, at random (a gray shard: ``/health`` 200, some answers junk)."""
     not_a_completion: Literal["truncated", "no_choices", "error_object", "empty"] = "error_object"
     """What such a 200 carries: JSON cut short, ``"choices": []``, an OpenAI error object, or no body at all."""
+    garble_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Fraction of generated samples that are garbage in a well-formed 200: random words up to ``max_tokens``,
+    finish reason ``length`` (a gray failure: Z.ai saw 3-5 such outputs per 10,000 requests under load). Only the
+    outputs' statistics against the peers' can tell (``dispatch/quality``)."""
 
     @model_validator(mode="after")
     def _named_model(self) -> SimFaults:
@@ -449,8 +456,11 @@ class SimShard:
             raise _BadRequest(vllm_context_length_message(limit, prompt_tokens, max_tokens))
         return max_tokens if max_tokens is not None else limit - prompt_tokens
 
-    @staticmethod
-    def _generate(prompt: str, budget: int) -> tuple[str, int, str]:
+    def _generate(self, prompt: str, budget: int) -> tuple[str, int, str]:
+        if self.faults.garble_rate and self._random.random() < self.faults.garble_rate:
+            self.stats["garbled"] += 1
+            garbage = [f"{self._random.choice(_GARBLE_SYLLABLES)}{self._random.randrange(100)}" for _ in range(budget)]
+            return " ".join(garbage), budget, "length"
         words = expected_answer(prompt).split()
         finish = "stop" if len(words) <= budget else "length"
         words = words[:budget]
