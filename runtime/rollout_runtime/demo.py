@@ -39,6 +39,7 @@ from rollout_runtime.dispatch import (
     HealthyShardsChanged,
     RunStats,
     ShardEjected,
+    ShardQuarantined,
     ShardRestored,
     Skipped,
     StallDetected,
@@ -266,6 +267,8 @@ async def run_demo(
         def observe(event: DispatchEvent) -> None:
             if isinstance(event, ShardEjected):
                 view.note(f"ejected {event.shard} for {event.seconds:.1f}s (passive: a request failed)")
+            elif isinstance(event, ShardQuarantined):
+                view.note(f"quarantined {event.shard}: its {event.signal} is unlike its peers' (p={event.p_value:.1g})")
             elif isinstance(event, ShardRestored):
                 view.note(f"restored {event.shard} ({event.reason})")
             elif isinstance(event, HealthyShardsChanged):

@@ -20,6 +20,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         ("operator_scale.py", "operator scale ratios"),
         ("router_overhead.py", "router overhead vs nginx"),
         ("backpressure.py", "backpressure vs the capacity bound"),
+        ("quality.py", "mismatch +1 sd"),
     ],
 )
 def test_benchmark_smoke_run(script: str, expected: str) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "create_app",
     "expected_answer",
     "flap_is_down",
+    "garble",
     "vllm_context_length_message",
 ]
 
@@ -141,6 +142,11 @@ class SimShardConfig(BaseModel):
 
 FINAL_STATS: Final[str] = "sim shard: final stats "
 """The prefix of the last line a shard writes to its log when it stops, with its counters as JSON."""
+
+
+def garble(rng: random.Random, words: int) -> str:
+    """``words`` words of garbage, as the ``garble_rate`` fault answers (the quality benchmark draws the same)."""
+    return " ".join(f"{rng.choice(_GARBLE_SYLLABLES)}{rng.randrange(100)}" for _ in range(words))
 
 
 def flap_is_down(elapsed_seconds: float, flap_seconds: float) -> bool:
@@ -459,8 +465,7 @@ class SimShard:
     def _generate(self, prompt: str, budget: int) -> tuple[str, int, str]:
         if self.faults.garble_rate and self._random.random() < self.faults.garble_rate:
             self.stats["garbled"] += 1
-            garbage = [f"{self._random.choice(_GARBLE_SYLLABLES)}{self._random.randrange(100)}" for _ in range(budget)]
-            return " ".join(garbage), budget, "length"
+            return garble(self._random, budget), budget, "length"
         words = expected_answer(prompt).split()
         finish = "stop" if len(words) <= budget else "length"
         words = words[:budget]
