@@ -42,6 +42,7 @@ quarantine costs the fleet a shard.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -336,15 +337,17 @@ class QualityDetector:
         y = [v for values in ys for v in values]
         if kind == "shift":
             side = _SIDE[signal]
-            u, p = mann_whitney(x, y, side)
-            if p >= threshold:
-                return None
             mean, peer_mean = _mean(x), _mean(y)
             peer_sd = _sd(y, peer_mean)
             sign = 1.0 if side == "greater" else -1.0
             effect = _ratio(sign * (mean - peer_mean), peer_sd)
+            if effect < settings.min_effect:  # cheap first: most checks of a healthy shard end here, before U
+                return None
             each = [_ratio(sign * (mean - _mean(values)), peer_sd) >= settings.min_effect for values in ys]
-            if effect < settings.min_effect or not _most(each):
+            if not _most(each):
+                return None
+            u, p = mann_whitney(x, y, side)
+            if p >= threshold:
                 return None
             evidence = {"samples": len(x), "mean": mean, "peer_samples": len(y), "peer_mean": peer_mean}
             evidence["peer_sd"] = peer_sd
@@ -406,8 +409,9 @@ def _most(votes: Sequence[bool]) -> bool:
 
 def _cut(values: Sequence[float], side: Side) -> float:
     """The value beyond which the worst :data:`TAIL_FRACTION` of ``values`` lie (at least one value)."""
-    ordered = sorted(values, reverse=side == "greater")
-    return ordered[max(0, math.ceil(len(ordered) * TAIL_FRACTION) - 1)]
+    count = max(1, math.ceil(len(values) * TAIL_FRACTION))
+    worst = heapq.nlargest(count, values) if side == "greater" else heapq.nsmallest(count, values)
+    return worst[-1]
 
 
 def _mean(values: Iterable[float]) -> float:
