@@ -448,13 +448,18 @@ def rollouts_dashboard() -> dash.Dashboard:
     board = board.with_row(dash.Row("Shards"))
     board = board.with_panel(
         _timeseries(
-            "Ejections and holds by shard",
+            "Ejections, holds and quarantines by shard",
             "Passive outlier ejections per interval by shard: an infra failure removed the shard from this "
             "runtime's view until a probe succeeds or the (growing) ejection time passes. Holds: failures past "
-            "the ejection cap (max_ejection_percent), after which the shard took no attempt for the backoff.",
+            "the ejection cap (max_ejection_percent), after which the shard took no attempt for the backoff. "
+            "Quarantines: the shard answered 200 but its outputs (signal) were unlike its same-version peers'.",
             [
                 (f"sum by (shard) (increase(rollout_ejections_total{{{_ROLL}}}[{_RATE}]))", "{{shard}} ejected"),
                 (f"sum by (shard) (increase(rollout_shard_holds_total{{{_ROLL}}}[{_RATE}]))", "{{shard}} held"),
+                (
+                    f"sum by (shard, signal) (increase(rollout_shard_quarantines_total{{{_ROLL}}}[{_RATE}]))",
+                    "{{shard}} quarantined ({{signal}})",
+                ),
             ],
             units.Short,
             width=24,
