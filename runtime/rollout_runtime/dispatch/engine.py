@@ -627,6 +627,7 @@ class Dispatcher:
                 for name in self._rotation.apply(snapshot):
                     self._attempts.gate.forget(name)
                     self._suspect.pop(name, None)  # it left: it comes back as a new process, judged afresh
+                    self._recent.pop(name, None)
                     if self._quality is not None:
                         self._quality.forget(name)
         except Exception:
