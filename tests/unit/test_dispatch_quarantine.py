@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout_runtime.dispatch import (
     Completed,
     Dispatcher,
@@ -150,3 +152,16 @@ async def test_quarantine_can_be_turned_off() -> None:
         assert dispatcher.report_sample_quality(0, 100.0) is False
     assert not [e for e in events if isinstance(e, ShardQuarantined)]
     assert all(isinstance(o, Completed) and o.quality is None for o in outcomes)
+
+
+async def test_the_ejection_cap_keeps_an_outlier_in_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """``max_ejection_percent=0`` turns ejection off: the verdict is logged, no quarantine is claimed, nothing is
+    flagged (a result is flagged only when its shard was really taken out)."""
+    events: list[DispatchEvent] = []
+    policy = FAST.model_copy(update={"max_ejection_percent": 0.0})
+    async with Dispatcher(StaticShardSource(make_shards(*SHARDS)), policy, observer=events.append) as dispatcher:
+        outcomes = await collect(dispatcher.run(range(400), rollout_with("c", 6)))
+        assert dispatcher.ejected == frozenset()
+    assert not [e for e in events if isinstance(e, ShardQuarantined)]
+    assert all(isinstance(o, Completed) and o.quality is None for o in outcomes)
+    assert "shard c: outputs unlike its peers'" in caplog.text
