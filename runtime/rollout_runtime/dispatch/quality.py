@@ -31,8 +31,8 @@ A broken peer inside the pool must not make a healthy shard look like the outlie
 it is also worse than most of its peers one by one (by the minimum effect), and only with at least
 :data:`_MIN_PEERS` peers: with one, two shards disagree and nothing says which is wrong.
 
-A check runs every :attr:`QualitySettings.check_every` samples of a (shard, version), on each signal with at least
-``min_samples`` on both sides; it flags only a p-value below ``false_positive_rate`` divided by the signals tested
+A check runs every :attr:`QualitySettings.check_every` observations of a (shard, version), on each signal with at least
+``min_samples`` on both sides; it flags only a p-value below ``false_positive_rate`` divided by the tests it makes
 (Bonferroni), so a check of a healthy shard flags with probability at most ``false_positive_rate``, and a run's
 expected false quarantines are at most its checks times that rate. Windows overlap from one check to the next, which
 makes the checks correlated and the bound conservative. A significant difference must also be large
@@ -210,8 +210,9 @@ class QualitySettings:
     """Fewest samples on each side before a signal is tested: below it the normal approximation of U is poor and a
     rate test has no power."""
     check_every: int = 25
-    """Samples of a (shard, version) between checks: the detection delay grows by at most this, and the number of
-    checks (hence false quarantines, at a fixed rate per check) falls with it."""
+    """Observations of a (shard, version) between checks, each sample and each mismatch the trainer reports for one
+    counting once: the detection delay grows by at most this, and the number of checks (hence false quarantines,
+    at a fixed rate per check) falls with it."""
     min_rate_ratio: float = 2.0
     """A rate signal flags only at least this many times the peers' rate: a significant 10% excess over thousands
     of samples is not a broken shard."""
@@ -239,7 +240,7 @@ class QualityVerdict:
     """U (shift) or the shard's count (rate, tail)."""
     p_value: float
     threshold: float
-    """The p-value it had to beat: the false-positive rate over the signals tested in this check."""
+    """The p-value it had to beat: the false-positive rate over the tests made in this check."""
     effect: float
     """Glass's delta in the bad direction (shift) or the ratio of the shard's rate to the peers' (rate, tail)."""
     evidence: Mapping[str, float]
