@@ -114,9 +114,9 @@ class DispatchPolicy(BaseModel):
     quality_false_positive_rate: Annotated[float, Field(ge=0, le=0.01, allow_inf_nan=False)] = 1e-6
     """Probability that one check of a healthy shard's outputs against its same-version peers quarantines it
     (dispatch/quality.py; a check every 25 of a shard's samples and reported mismatches); 0 turns gray-failure
-    quarantine off. At 1e-6 a run of ten million samples on 8 shards expects at most 0.32 false quarantines (measured:
-    0 in 160,000), and a shard whose every output is off by one peer standard deviation is still found within 38 of
-    its samples (docs/benchmarks.md)."""
+    quarantine off. At 1e-6 ten million samples, each with a reported mismatch, expect at most 0.8 false quarantines
+    (measured: 0 in 160,000), and a shard whose every output is off by one peer standard deviation is still found
+    within 38 of its samples (docs/benchmarks.md)."""
 
     stall_deadline_seconds: Annotated[float, Field(gt=0, le=604_800, allow_inf_nan=False)] = 600.0
     """Rollouts unfinished but nothing committed for this long is a stall."""

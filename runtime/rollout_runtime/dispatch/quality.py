@@ -199,10 +199,10 @@ class QualitySettings:
     """How much evidence a quarantine needs. Each default is argued where it is declared."""
 
     false_positive_rate: float = 1e-6
-    """Probability that one check of a healthy shard flags it (Bonferroni over the signals it tests): a fleet of 8
-    shards checked every 25 samples makes 320,000 checks in 10 million samples, 0.32 false quarantines expected
-    at most; the bound is conservative (overlapping windows), and a shard shifted by a whole standard deviation is
-    still found within a window (see docs/benchmarks.md)."""
+    """Probability that one check of a healthy shard flags it (Bonferroni over the tests it makes): 10 million samples,
+    each with a reported mismatch, are 800,000 checks at one per 25 observations, so at most 0.8 false quarantines
+    are expected; the bound is conservative (measured 17x under it at 1e-2), and a shard shifted by a whole standard
+    deviation is still found at its first check (see docs/benchmarks.md)."""
     window: int = 256
     """Recent samples per (shard, version) and signal: long enough that a 10% fault shows tens of bad samples,
     short enough that evidence from before a fault or a reload is gone after one window."""
