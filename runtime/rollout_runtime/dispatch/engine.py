@@ -486,16 +486,20 @@ class Dispatcher:
             verdict.effect,
             dict(verdict.evidence),
         )
-        fields = (shard, verdict.version, verdict.signal, verdict.test, verdict.p_value, verdict.threshold)
         self._emit(
             ShardQuarantined(
-                *fields,
-                verdict.effect,
-                verdict.evidence,
-                verdict.peers,
-                ejection.seconds,
-                ejection.count,
-                prompt_ids,
+                shard=shard,
+                version=verdict.version,
+                signal=verdict.signal,
+                test=verdict.test,
+                p_value=verdict.p_value,
+                threshold=verdict.threshold,
+                effect=verdict.effect,
+                evidence=verdict.evidence,
+                peers=verdict.peers,
+                seconds=ejection.seconds,
+                count=ejection.count,
+                prompt_ids=prompt_ids,
             )
         )
         if self._ledger is not None:
