@@ -22,11 +22,13 @@ from rollout_runtime.vllm import MODEL_NAME, VllmServer
 from rollout_runtime.weights import vllm_reload_weights
 from support.vllm import TinyModel, Victim
 
-PROMPTS = 300
-"""About 100 samples per server: the bound below, with room."""
-BOUND = 100
-"""The victim's samples before its quarantine: 32 are needed on each side before any test, and a check runs every 25
-signals (a sample and its mismatch are two), so a large shift is caught at about 32-50."""
+PROMPTS = 450
+"""About 150 samples per server on average: the bound below, with room."""
+BOUND = 150
+"""The victim's samples before its quarantine. 32 are needed on each side before any test, from each of its two
+peers, and a check runs every 25 observations (a sample and its mismatch are two), so a large shift is caught about
+when the slowest peer has 32: vllm-0 also answers the trainer's reference requests, so it likely gets the least of
+the rollouts. Measured: 94 at load 13 (the victim then held 94 mismatches, its peers 166 between them)."""
 NO_EOS = {"ignore_eos": True}
 """The random model may sample its end-of-text token; a fixed length keeps every sample's mismatch over 8 tokens."""
 POLICY = DispatchPolicy(
