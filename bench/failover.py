@@ -28,7 +28,19 @@ unanswered; they add up to the total).
     python bench/failover.py --weights                     # restarts plus refits: stale results committed
     python bench/failover.py --scenario poison|fleet-401|no-shards   # the blame scenarios
 
-Needs the peers: ``bash scripts/install-tools.sh haproxy nginx router-peers``.
+On real vLLM (``--shards vllm``, issue 39 part 4): ONE fleet of 3 vLLM servers (CPU build, tiny model, started
+with ``--shutdown-timeout`` so that SIGTERM drains) for the whole run, since a start takes 20-70 s; every contender
+in turn runs each scenario real servers can show against it (bench/failover_scenarios.py's ``on_real_shards``: the
+others are skipped with the reason printed), and before each the fleet is restored (killed servers restarted,
+frozen engines SIGCONTed, each answering a real 1-token generation). What differs from the sims, kept in one place
+per shard kind (bench/_shard_kinds.py): an answer is good when it is well-formed (the model's weights are random;
+``finish_reason`` stop/length, not empty, token counts consistent with ``usage``), and the ledger is read from vLLM's
+own ``/metrics``, with ``n/a`` for the buckets its counters cannot fill (and so for ``wasted``).
+
+    python bench/failover.py --shards vllm                 # the applicable matrix on 3 real servers (~20 minutes)
+    python bench/failover.py --shards vllm --smoke --scenario stream-freeze --contenders rollout-fleet,router
+
+Needs the peers: ``bash scripts/install-tools.sh haproxy nginx router-peers`` (and ``vllm`` for real shards).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import random
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,19 +62,23 @@ from prometheus_client import CollectorRegistry
 
 from _failover_special import BLAME, WEIGHTS, WEIGHTS_SMOKE, weights_scenario
 from _field_routers import FieldRouter
-from _peers import HAProxy, Nginx
+from _peers import HAProxy, Nginx, vllm_tool
+from _shard_kinds import KINDS, SIM, VLLM, ShardKind, is_na
 from failover_scenarios import (
     FIGURES,
     MATRIX,
     SCENARIOS,
     SMOKE,
+    VLLM_SMOKE,
     Prompt,
     Scale,
     Scenario,
     baseline,
     make_prompts,
+    on_real_shards,
     rank_key,
 )
+from failover_scenarios import VLLM as VLLM_SCALE
 from rollout_runtime.dispatch import (
     Completed,
     Dispatcher,
@@ -73,11 +90,13 @@ from rollout_runtime.dispatch import (
     backoff_seconds,
 )
 from rollout_runtime.failures import FailureClass, GenerationUnavailable, RolloutFailure, classify_rollout_failure
-from rollout_runtime.generation import GenerationClient, GenerationOptions
+from rollout_runtime.generation import Completion, GenerationClient, GenerationOptions
+from rollout_runtime.health import ProbeSettings
 from rollout_runtime.router import Router, RouterConfig, serve_router
 from rollout_runtime.shards import LocalShardSource, Shard
-from rollout_runtime.sim import SimFaults, SimFleet, expected_answer
+from rollout_runtime.sim import SimFaults, SimFleet
 from rollout_runtime.sim.chaos import Fault, FaultInjector, FaultKind
+from rollout_runtime.vllm.fleet import VllmFleet
 
 MARKER = "failover matrix ranks"
 CONTENDERS = ("rollout-fleet", "router", "nginx", "haproxy", "vllm-router", "sglang-router", "naive")
@@ -89,6 +108,9 @@ CONTENDERS = ("rollout-fleet", "router", "nginx", "haproxy", "vllm-router", "sgl
 class Tally:
     """Each prompt's outcome as the contender's caller saw it, once per prompt (a second outcome is counted)."""
 
+    kind: ShardKind = SIM
+    """Whose judge says whether an answer passed on is a good one."""
+    max_tokens: int = 16
     started: dict[int, float] = field(default_factory=dict)
     ended: dict[int, float] = field(default_factory=dict)
     completed: int = 0
@@ -110,20 +132,23 @@ class Tally:
         self.started.setdefault(prompt_id, now)
         return now
 
-    def finish(self, prompt_id: int, text: str | None, prompt: str, error: str | None = None) -> None:
-        """``text`` passed on as a completion; ``error`` what the caller saw instead. A text that is not the answer
-        is corrupt, as is an error that says the contender passed on a 200 that was not a completion."""
+    def finish(
+        self, prompt_id: int, answer: Completion | None, prompt: str, error: str | None = None, corrupt: str = ""
+    ) -> None:
+        """``answer`` passed on as a completion; ``error`` what the caller saw instead; ``corrupt`` a 200 the
+        contender passed on that was not a completion at all. An answer the shard kind's judge rejects is corrupt."""
         if prompt_id in self.ended:
             self.repeated += 1
             return
         self.ended[prompt_id] = time.monotonic()
         self.started.setdefault(prompt_id, self.ended[prompt_id])
+        problem = corrupt or (self.kind.judge(prompt, answer, self.max_tokens) if answer is not None else "no answer")
         if error is not None:
             self.errors[prompt_id] = error
-        elif text is not None and text.strip() == expected_answer(prompt):
-            self.completed += 1
+        elif problem:
+            self.corrupt[prompt_id] = problem
         else:
-            self.corrupt[prompt_id] = f"answered {str(text)[:60]!r}"
+            self.completed += 1
 
 
 Begin = Callable[[], float]
@@ -140,6 +165,8 @@ class Run:
     prompts: list[Prompt]
     tally: Tally
     begin: Begin
+    kind: ShardKind = SIM
+    model: str = "sim-model"
 
     @property
     def options(self) -> GenerationOptions:
@@ -147,7 +174,14 @@ class Run:
 
     @property
     def max_tokens(self) -> int:
-        return self.scenario.max_tokens()
+        return self.scenario.max_tokens(self.scale)
+
+    @property
+    def extra(self) -> dict[str, object]:
+        return dict(self.kind.request_fields)
+
+    def probe(self) -> ProbeSettings:
+        return self.scale.probe(generate=self.kind.generate_probe)
 
     def policy(self) -> DispatchPolicy:
         policy = self.scale.policy(len(self.prompts))
@@ -161,7 +195,11 @@ class Run:
 # -- the contenders -------------------------------------------------------------------------------------------
 
 
-async def drive_rollout_fleet(fleet: SimFleet, run: Run) -> None:
+Fleet = SimFleet | VllmFleet
+"""The shards a contender runs against: a fresh sim fleet, or the run's one fleet of real vLLM servers."""
+
+
+async def drive_rollout_fleet(fleet: Fleet, run: Run) -> None:
     tally, scale = run.tally, run.scale
     all_up = asyncio.Event()
 
@@ -173,16 +211,17 @@ async def drive_rollout_fleet(fleet: SimFleet, run: Run) -> None:
         elif isinstance(event, ShardEjected | ShardRestored):
             tally.events.append((time.monotonic(), f"{type(event).__name__} {event.shard}"))
 
-    source = LocalShardSource(fleet.shards, scale.probe())
+    source = LocalShardSource(fleet.shards, run.probe())
     client = GenerationClient(timeout_seconds=scale.attempt_timeout + 1.0, connect_timeout_seconds=1.0)
     dispatcher = Dispatcher(source, run.policy(), observer=observe, seed=run.seed, registry=CollectorRegistry())
     async with client, dispatcher:
         await asyncio.wait_for(all_up.wait(), 30.0)
 
-        async def rollout(shard: Shard, prompt: Prompt) -> str:
+        async def rollout(shard: Shard, prompt: Prompt) -> Completion:
             tally.send(prompt[0], shard.name)
-            answer = await client.complete(shard, prompt[1], max_tokens=run.max_tokens, options=run.options)
-            return answer.text
+            return await client.complete(
+                shard, prompt[1], max_tokens=run.max_tokens, options=run.options, extra=run.extra
+            )
 
         texts = dict(run.prompts)
         outcomes = dispatcher.run(run.prompts, rollout, prompt_ids=[pid for pid, _ in run.prompts])
@@ -220,7 +259,7 @@ async def drive_through_proxy(url: str, run: Run) -> None:
     """The naive client: one request per prompt to the front, whose own retries are all the failover there is.
     An unstreamed 200 that is not a completion was passed on by the front as one: corrupt, not an error."""
     tally, scale = run.tally, run.scale
-    front = Shard(name="front", endpoint=url, model="sim-model")
+    front = Shard(name="front", endpoint=url, model=run.model)
     # Long enough that the front's own retries (tries x attempt timeout) finish before the client gives up.
     timeout = scale.tries * scale.attempt_timeout + 5.0
     async with GenerationClient(timeout_seconds=timeout, connect_timeout_seconds=1.0) as client:
@@ -229,25 +268,27 @@ async def drive_through_proxy(url: str, run: Run) -> None:
             pid, text = prompt
             tally.start(pid)
             try:
-                answer = await client.complete(front, text, max_tokens=run.max_tokens, options=run.options)
+                answer = await client.complete(
+                    front, text, max_tokens=run.max_tokens, options=run.options, extra=run.extra
+                )
             except GenerationUnavailable as exc:
                 # An unstreamed 200 is the front's word that this is a completion; a stream that carries an error
                 # event (how vLLM and the routers end a stream they cannot finish) or is cut is an error to any
                 # streaming client. A stream that ends properly with the wrong text is corrupt (the text check).
                 if exc.status == 200 and not run.options.stream:
-                    tally.finish(pid, f"(not a completion: {exc})", text)
+                    tally.finish(pid, None, text, corrupt=f"not a completion: {str(exc)[:120]}")
                 else:
                     tally.finish(pid, None, text, error=f"{type(exc).__name__}: {exc}")
             except RolloutFailure as exc:
                 tally.finish(pid, None, text, error=f"{type(exc).__name__}: {exc}")
             else:
-                tally.finish(pid, answer.text, text)
+                tally.finish(pid, answer, text)
 
         run.begin()
         await _workers(run.prompts, scale.concurrency, one)
 
 
-async def drive_router(fleet: SimFleet, run: Run) -> None:
+async def drive_router(fleet: Fleet, run: Run) -> None:
     """``rollout-fleet router`` in front of the fleet, the proxies' naive client in front of it."""
     scale = run.scale
     all_up = asyncio.Event()
@@ -262,7 +303,7 @@ async def drive_router(fleet: SimFleet, run: Run) -> None:
         max_attempts=scale.tries,
         healthy_wait_seconds=scale.healthy_wait,
     )
-    source = LocalShardSource(fleet.shards, scale.probe())
+    source = LocalShardSource(fleet.shards, run.probe())
     async with Router(source, config, observer=observe) as router, serve_router(router) as server:
         await asyncio.wait_for(all_up.wait(), 30.0)
         await drive_through_proxy(server.url, run)
@@ -270,7 +311,7 @@ async def drive_router(fleet: SimFleet, run: Run) -> None:
         run.tally.detail = f"router ejections {sum(st.ejections.values())}, redispatches {st.redispatches}"
 
 
-async def drive_naive(fleet: SimFleet, run: Run) -> None:
+async def drive_naive(fleet: Fleet, run: Run) -> None:
     """Each prompt bound to shard ``id % N``; infra failures retried there with the dispatcher's budget and backoff."""
     tally, scale, shards = run.tally, run.scale, fleet.shards
     policy = run.policy()
@@ -284,7 +325,9 @@ async def drive_naive(fleet: SimFleet, run: Run) -> None:
             for attempt in range(1, scale.tries + 1):
                 tally.send(pid, shard.name)
                 try:
-                    answer = await client.complete(shard, text, max_tokens=run.max_tokens, options=run.options)
+                    answer = await client.complete(
+                        shard, text, max_tokens=run.max_tokens, options=run.options, extra=run.extra
+                    )
                 except RolloutFailure as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     if classify_rollout_failure(exc) is FailureClass.DATA:
@@ -292,7 +335,7 @@ async def drive_naive(fleet: SimFleet, run: Run) -> None:
                     if attempt < scale.tries:
                         await asyncio.sleep(backoff_seconds(policy, attempt, rng.random()))
                 else:
-                    tally.finish(pid, answer.text, text)
+                    tally.finish(pid, answer, text)
                     return
             tally.finish(pid, None, text, error=error)
 
@@ -300,7 +343,7 @@ async def drive_naive(fleet: SimFleet, run: Run) -> None:
         await _workers(run.prompts, scale.concurrency, one)
 
 
-async def drive(name: str, fleet: SimFleet, run: Run) -> None:
+async def drive(name: str, fleet: Fleet, run: Run) -> None:
     """Run contender ``name`` against ``fleet``."""
     ports = {shard.name: int(shard.endpoint.rsplit(":", 1)[1]) for shard in fleet.shards}
     if name == "rollout-fleet":
@@ -330,31 +373,6 @@ async def drive(name: str, fleet: SimFleet, run: Run) -> None:
 
 # -- one contender end to end ---------------------------------------------------------------------------------
 
-LEDGER = ("useful", "duplicate", "refused", "errors", "malformed", "cut")
-"""Where each request that reached a shard went: the committed answer; a completion nobody used (a retry's twin, an
-answer the client had given up on); 429 at a concurrency cap; an error status; a 200 that was not a completion; cut
-off or never answered (killed, hung, dropped, abandoned by the client). Read from the shards' own counters, so it is
-the same ledger for every contender; the buckets add up to the requests that reached a shard."""
-
-
-def shard_ledger(counters: Sequence[Mapping[str, int]], completed: int) -> dict[str, int]:
-    total: Counter[str] = Counter()
-    for counter in counters:
-        total.update(counter)
-    refused = total["refused_at_cap"]
-    errors = sum(v for k, v in total.items() if k.startswith("errors_")) - refused
-    malformed = sum(v for k, v in total.items() if k.startswith("not_a_completion_"))
-    unanswered = total["generation_requests"] - total["completions"] - errors - malformed - total["dropped"]
-    useful = min(completed, total["completions"])
-    return {
-        "useful": useful,
-        "duplicate": total["completions"] - useful,
-        "refused": refused,
-        "errors": errors,
-        "malformed": malformed,
-        "cut": total["dropped"] + max(0, unanswered),
-    }
-
 
 @dataclass
 class Row:
@@ -365,7 +383,8 @@ class Row:
     errors: int
     corrupt: int
     repeated: int
-    wasted: int
+    wasted: float
+    """Shard requests that were not the committed answer; NaN (n/a) when a ledger bucket is."""
     p50: float
     p99: float
     worst: float
@@ -374,8 +393,9 @@ class Row:
     wall: float
     rate: float
     """Prompts completed per second of the run."""
-    ledger: dict[str, int]
-    hits: dict[str, int]
+    ledger: dict[str, float]
+    """:data:`~_shard_kinds.LEDGER`'s buckets; NaN (n/a) where the shards' counters cannot fill one."""
+    hits: dict[str, float]
     """Proof the faults hit: the injector's applied faults and the shards' fault counters."""
     goodput: float = float("nan")
     """The share of the fault-free rate this run kept (:func:`goodput`; 1.0: no loss)."""
@@ -422,63 +442,75 @@ def goodput(completed: int, wall: float, fault_free_wall: float, prompts: int) -
 _RESTARTS = (FaultKind.SHARD_KILL, FaultKind.ALL_SHARDS_DOWN)
 
 
-async def run_contender(name: str, scenario: Scenario, scale: Scale, seed: int, trace: int = 0) -> Row:
-    """One contender, one scenario, one seed, on a fresh fleet of sim shards.
+async def run_contender(
+    name: str, scenario: Scenario, scale: Scale, seed: int, trace: int = 0, vllm: VllmFleet | None = None
+) -> Row:
+    """One contender, one scenario, one seed: on a fresh fleet of sim shards, or on ``vllm`` (the run's one fleet of
+    real servers, every contender in turn: restored to health first, so each starts from the same fleet)."""
+    if vllm is None:
+        base = SimFaults(token_delay_seconds=scenario.token_delay(scale))
+        faults = dict.fromkeys([f"shard-{i}" for i in range(scale.shards)], base)
+        extra = ("--slow", str(scale.latency))
+        async with SimFleet(scale.shards, seed=seed, extra_args=extra, faults=faults) as fleet:
+            return await run_on(fleet, SIM, name, scenario, scale, seed, trace)
+    restarted = await vllm.restore()
+    if restarted:
+        print(f"    (restarted {', '.join(restarted)}: the last run left them unwell)")
+    return await run_on(vllm, VLLM, name, scenario, scale, seed, trace)
 
-    The hook for real shards (issue 39, part 4): :class:`~rollout_runtime.vllm.fleet.VllmFleet` (the injector's
-    ``ShardFleet``: kill, hang, resume, restart) takes the SimFleet's place here, given a ``terminate``
-    (:class:`~rollout_runtime.sim.chaos.GracefulFleet`) for rolling-restart; the ledger then comes from each server's
-    ``/metrics`` instead of ``/admin/stats``, and the scenarios marked ``sim_only`` (faults a real server cannot be
-    told to show) are skipped.
-    """
+
+async def run_on(
+    fleet: Fleet, kind: ShardKind, name: str, scenario: Scenario, scale: Scale, seed: int, trace: int
+) -> Row:
+    """Run contender ``name`` against a healthy ``fleet`` under the scenario's seeded faults; read its ledger from the
+    shards' counters (what they served during this run: a real fleet's counters from before it are subtracted)."""
     prompts = make_prompts(scenario, scale, seed)
-    tally = Tally()
+    tally = Tally(kind=kind, max_tokens=scenario.max_tokens(scale))
     t0 = 0.0
     before_restart: list[Mapping[str, int]] = []
-    base = SimFaults(token_delay_seconds=scenario.token_delay(scale))
-    names = [f"shard-{i}" for i in range(scale.shards)]
-    extra = ("--slow", str(scale.latency))
-    async with SimFleet(scale.shards, seed=seed, extra_args=extra, faults=dict.fromkeys(names, base)) as fleet:
+    initial = [] if kind is SIM else list(await asyncio.gather(*(fleet.stats(n) for n in fleet.names)))
 
-        async def keep_counters(fault: Fault) -> None:
-            """A restarted sim shard counts from zero: keep what a killed one had served (a SIGTERMed one writes
-            its counters after its drain; the injector keeps them)."""
-            if fault.kind in _RESTARTS:
-                targets = fleet.names if fault.kind is FaultKind.ALL_SHARDS_DOWN else [fault.target]
-                for target in targets:
-                    with contextlib.suppress(Exception):
-                        before_restart.append(await asyncio.wait_for(fleet.stats(target), 2.0))
+    async def keep_counters(fault: Fault) -> None:
+        """A restarted shard counts from zero: keep what a killed one had served (a SIGTERMed one hands its counters
+        over itself; the injector keeps them)."""
+        if fault.kind in _RESTARTS:
+            targets = fleet.names if fault.kind is FaultKind.ALL_SHARDS_DOWN else [fault.target]
+            for target in targets:
+                with contextlib.suppress(Exception):
+                    before_restart.append(await asyncio.wait_for(fleet.stats(target), 2.0))
 
-        chaos = FaultInjector(fleet, scenario.schedule(scale, seed), before_apply=keep_counters)
+    chaos = FaultInjector(fleet, scenario.schedule(scale, seed), before_apply=keep_counters)
 
-        def begin() -> float:
-            nonlocal t0
-            t0 = chaos.start_clock()
-            return t0
+    def begin() -> float:
+        nonlocal t0
+        t0 = chaos.start_clock()
+        return t0
 
-        try:
-            await drive(name, fleet, Run(scenario, scale, seed, prompts, tally, begin))
-            wall = max(tally.ended.values(), default=t0) - t0
-        finally:
-            await chaos.wait()  # finish the timeline (resume, restart, clear) before reading counters
-        counts = list(await asyncio.gather(*(fleet.stats(n) for n in fleet.names)))
+    try:
+        await drive(name, fleet, Run(scenario, scale, seed, prompts, tally, begin, kind, fleet.model))
+        wall = max(tally.ended.values(), default=t0) - t0
+    finally:
+        await chaos.wait()  # finish the timeline (resume, restart, clear) before reading counters
+    counts = list(await asyncio.gather(*(fleet.stats(n) for n in fleet.names)))
     if trace:
         print_trace(name, tally, t0, chaos, trace)
     drained = [stats for r in chaos.injected for stats in r.detail.get("final_stats", [])]
-    counters = counts + before_restart + drained
-    ledger = shard_ledger(counters, tally.completed)
+    counters = counts + before_restart + drained + [{k: -v for k, v in c.items()} for c in initial]
+    ledger = kind.ledger(counters, tally.completed)
     summed: Counter[str] = Counter()
     for counter in counters:
         summed.update(counter)
-    hits = {
+    hits: dict[str, float] = {
         "faults_applied": sum(1 for r in chaos.injected if "error" not in r.detail),
         "faults_scheduled": len(chaos.schedule.faults),
         "slowed": summed["slowed"],
         **{key: ledger[key] for key in ("refused", "errors", "malformed", "cut")},
+        **kind.hits(counters),
     }
     latencies = [tally.ended[pid] - tally.started[pid] for pid in tally.ended]
     lost = len(prompts) - tally.completed
     first_failure = next(iter((tally.errors | tally.corrupt).values()), "")
+    unapplied = "; ".join(chaos.errors)
     return Row(
         name=name,
         prompts=len(prompts),
@@ -496,7 +528,16 @@ async def run_contender(name: str, scenario: Scenario, scale: Scale, seed: int, 
         rate=tally.completed / wall if wall > 0 else 0.0,
         ledger=ledger,
         hits=hits,
-        detail="; ".join(filter(None, (tally.detail, first_failure and f"first failure: {first_failure[:160]}"))),
+        detail="; ".join(
+            filter(
+                None,
+                (
+                    tally.detail,
+                    first_failure and f"first failure: {first_failure[:160]}",
+                    unapplied and f"faults not applied: {unapplied[:300]}",
+                ),
+            )
+        ),
     )
 
 
@@ -505,9 +546,13 @@ async def run_contender(name: str, scenario: Scenario, scale: Scale, seed: int, 
 _COLUMNS = ["completed", "lost", "errors", "corrupt", "wasted", "p50", "p99", "max", "late", "goodput"]
 
 
+def _count(value: float) -> str:
+    return "n/a" if is_na(value) else f"{value:.0f}"
+
+
 def _cells(row: Mapping[str, float]) -> list[str]:
     pct = "-" if row["goodput"] != row["goodput"] else f"{100 * row['goodput']:.0f}%"
-    ints = [f"{row[k]:.0f}" for k in ("completed", "lost", "errors", "corrupt", "wasted")]
+    ints = [_count(row[k]) for k in ("completed", "lost", "errors", "corrupt", "wasted")]
     return [*ints, f"{row['p50']:.2f}", f"{row['p99']:.2f}", f"{row['worst']:.2f}", f"{row['late']:.0f}", pct]
 
 
@@ -579,16 +624,33 @@ def _fmt(value: float) -> str:
 
 
 async def main_async(
-    scenarios: Sequence[Scenario], scale: Scale, seeds: Sequence[int], contenders: Sequence[str], options: Options
+    scenarios: Sequence[Scenario],
+    scale: Scale,
+    seeds: Sequence[int],
+    contenders: Sequence[str],
+    options: Options,
+    vllm: VllmFleet | None = None,
 ) -> tuple[dict[str, object], str]:
-    """Run every scenario on every seed; return each seed's rows by scenario, and the tables as markdown."""
+    """Run every scenario on every seed (on ``vllm``, the ones real servers can show); return each seed's rows by
+    scenario, and the tables as markdown."""
     results: dict[str, object] = {}
     markdowns: list[str] = []
     ranks: list[tuple[str, list[str]]] = []
     base_wall: dict[tuple[int, str], float] = {}
+    began = time.monotonic()
     for scenario in scenarios:
+        kind = "sim shards"
+        if vllm is not None:
+            kind = "real vLLM servers"
+            real, note = on_real_shards(scenario, scale)
+            if real is None:
+                print(f"\n== {scenario.name}: skipped on real vLLM: {note}")
+                continue
+            scenario = real
+            if note:
+                print(f"\n== {scenario.name} on real vLLM runs {note}")
         print(
-            f"\n== {scenario.name}: {scale.shards} sim shards, {scenario.prompt_count(scale)} prompts, "
+            f"\n== {scenario.name}: {scale.shards} {kind}, {scenario.prompt_count(scale)} prompts, "
             f"{scale.concurrency} concurrent, {scenario.generation_seconds(scale):g}s per generation, attempt timeout "
             f"{scale.attempt_timeout:g}s, {scale.tries} tries, probes every {scale.probe_period:g}s"
         )
@@ -598,23 +660,28 @@ async def main_async(
             rows = by_seed[seed] = []
             for name in contenders:
                 if options.baseline and (scenario.stream_tokens, name) not in base_wall:
-                    free = await run_contender(name, baseline(scenario), scale, seeds[0])
+                    free = await run_contender(name, baseline(scenario), scale, seeds[0], vllm=vllm)
                     base_wall[scenario.stream_tokens, name] = free.wall
                     print(f"    {name} fault-free: {free.completed} in {free.wall:.1f}s ({free.rate:.0f}/s)")
                 started = time.monotonic()
-                row = await run_contender(name, scenario, scale, seed, options.trace)
+                row = await run_contender(name, scenario, scale, seed, options.trace, vllm=vllm)
                 if (scenario.stream_tokens, name) in base_wall:
                     row.fault_free_wall = base_wall[scenario.stream_tokens, name]
                     row.goodput = goodput(row.completed, row.wall, row.fault_free_wall, row.prompts)
                 rows.append(row)
-                ledger = ", ".join(f"{k} {v}" for k, v in row.ledger.items())
+                ledger = ", ".join(f"{k} {_count(v)}" for k, v in row.ledger.items())
+                extra = ", ".join(
+                    f"{k} {_count(row.hits[k])}" for k in ("aborted", "generated_tokens") if k in row.hits
+                )
                 print(
                     f"    {name}: {row.completed} completed, {row.errors} errors, {row.corrupt} corrupt, "
                     f"p99 {row.p99:.2f}s, {row.wall:.1f}s ({time.monotonic() - started:.0f}s with setup); "
-                    f"shard requests {sum(row.ledger.values())} = {ledger}; {row.detail}"
+                    f"shard requests {_count(sum(row.ledger.values()))} = {ledger}{extra and f' ({extra})'}; "
+                    f"{row.detail}"
                 )
         markdowns.append(summarize(scenario, by_seed, ranks))
         results[scenario.name] = {str(s): [asdict(r) for r in rows] for s, rows in by_seed.items()}
+    print(f"\n(all scenarios took {time.monotonic() - began:.0f}s)")
     print(f"\n{MARKER} (by each scenario's figure of merit, medians over seeds {', '.join(map(str, seeds))}):")
     for name, order in ranks:
         print(f"  {name:16} " + " > ".join(order))
@@ -625,6 +692,28 @@ async def main_async(
 class Options:
     trace: int = 0
     baseline: bool = True
+
+
+SHUTDOWN_TIMEOUT_SECONDS = 10
+"""vLLM's ``--shutdown-timeout`` for the real fleet: on SIGTERM it drains what is in flight for up to this long (without
+it, it fails every in-flight request with 500). A graceful stop as a Deployment configures one: far above a
+generation's time here (an 80-token stream takes about a second), below Kubernetes' default 30 s grace period."""
+
+
+async def on_vllm(
+    scenarios: Sequence[Scenario], scale: Scale, seeds: Sequence[int], contenders: Sequence[str], options: Options
+) -> tuple[dict[str, object], str]:
+    """Start one fleet of real vLLM servers (20-70 s each: once per run, never per contender) and run the matrix on
+    it. The servers' logs stay in a temporary directory, printed."""
+    tool = vllm_tool()
+    model = tool.tiny_model().v1
+    logs = Path(tempfile.mkdtemp(prefix="failover-vllm-"))
+    extra = ("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS))
+    started = time.monotonic()
+    async with VllmFleet(scale.shards, tool.python, model, logs, name_prefix="shard-", extra_args=extra) as fleet:
+        print(f"started {scale.shards} vLLM servers in {time.monotonic() - started:.0f}s (logs in {logs})")
+        await fleet.restore()  # each answers a generation, not only /health
+        return await main_async(scenarios, scale, seeds, contenders, options, vllm=fleet)
 
 
 def main() -> None:
@@ -640,6 +729,9 @@ def main() -> None:
     parser.add_argument("--markdown", default=None, help="write the median tables as markdown to this file")
     parser.add_argument("--weights", action="store_true", help="the weights scenario (restarts plus refits) instead")
     parser.add_argument("--report", default=None, help="print the tables of a run saved with --json; run nothing")
+    parser.add_argument(
+        "--shards", choices=sorted(KINDS), default="sim", help="sim shards (a fresh fleet per contender) or 3 real vLLM"
+    )
     args = parser.parse_args()
     if args.scenario not in known:
         parser.error(f"unknown scenario {args.scenario!r}; known: {', '.join(known)}")
@@ -654,6 +746,8 @@ def main() -> None:
             weights_scenario(scale, args.seed, refit_every=scale.duration / 6, restart_every=scale.duration / 5)
         )
         return
+    if (args.scenario in BLAME or args.weights) and args.shards != "sim":
+        parser.error("the blame and weights scenarios run on sim shards only")
     if args.scenario in BLAME:
         BLAME[args.scenario](args.seed)
         return
@@ -667,7 +761,13 @@ def main() -> None:
         parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
     scenarios = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
     options = Options(trace=args.trace, baseline=not args.smoke)
-    results, tables = asyncio.run(main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options))
+    if args.shards == "vllm":
+        scale = VLLM_SMOKE if args.smoke else VLLM_SCALE
+        results, tables = asyncio.run(on_vllm(scenarios, scale, seeds, contenders, options))
+    else:
+        results, tables = asyncio.run(
+            main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options)
+        )
     if args.markdown:
         Path(args.markdown).write_text(tables)
     if args.json:

@@ -16,17 +16,24 @@ stream-freeze       long streamed generations; two shards SIGSTOPped mid-stream 
 fleet-outage        every shard SIGKILLed at once, all restarted a moment later                  lost
 ==================  ==========================================================================  =================
 
-Part 4 of issue 39 (the same matrix on real vLLM servers) plugs in here: a scenario names shards, never sims, and
-its faults are signals and the sim's fault modes; ``Scenario.sim_only`` marks the ones a real server cannot be made
-to show (gray bodies, caps), which a real-vLLM run would skip.
+On real vLLM servers (``bench/failover.py --shards vllm``, sizes :data:`VLLM`) a scenario runs as
+:func:`on_real_shards` makes it: only the faults a real server takes (SIGKILL, SIGSTOP of the engine core, SIGTERM,
+every server killed; :data:`REAL_KINDS`) on the shards that exist (three). So ``chaos`` keeps its SIGKILL and its
+SIGSTOP and drops the flapping and the 503 bursts; ``slow-shard`` (nothing left), ``gray`` and ``backpressure``
+(``Scenario.sim_only``: a real server cannot be told to answer junk or to cap itself) are skipped with the reason
+printed. A real restart takes 20-70 s, longer than a run's prompts last, so in ``rolling-restart`` and
+``fleet-outage`` the prompts meet the first stop and the wait for servers to come back, and the rest of the
+rolling restart happens after them (it is still waited for, so the next contender finds the fleet whole).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from _peers import ProxySettings
 from rollout_runtime.dispatch import DispatchPolicy
@@ -52,19 +59,26 @@ class Scale:
     tries: int = 5
     fall: int = 2
     rise: int = 2
+    restart_seconds: float = 5.0
+    """The longest a restart of the whole fleet takes (sims: a few seconds); a contender that can wait for a healthy
+    shard waits at least this long."""
+    stream_max_tokens: int = 0
+    """Tokens a streamed answer asks for on real shards, which pace themselves (0: the scenario's word count, which
+    the sims pace by ``token_delay``)."""
 
     @property
     def healthy_wait(self) -> float:
         """How long a contender that can wait for a healthy shard does (a fleet restart takes a few seconds)."""
-        return max(30.0, 5 * self.duration)
+        return max(30.0, 5 * self.duration, 2 * self.restart_seconds)
 
-    def probe(self) -> ProbeSettings:
+    def probe(self, *, generate: bool = False) -> ProbeSettings:
         return ProbeSettings(
             period_seconds=self.probe_period,
             timeout_seconds=self.probe_timeout,
             failure_threshold=self.fall,
             success_threshold=self.rise,
             check_model=True,
+            generate=generate,
         )
 
     def policy(self, prompts: int) -> DispatchPolicy:
@@ -95,6 +109,37 @@ class Scale:
 
 MATRIX = Scale(6, 24, 4.0, 0.2, 4.0, 0.5, 0.25, 0.1, 2.0)
 SMOKE = Scale(4, 8, 2.0, 0.05, 1.5, 0.25, 0.15, 0.05, 0.5)
+
+VLLM = Scale(
+    shards=3,
+    # 4 requests in flight per server: far below the 64 at which one server's throughput saturates, so when one
+    # server is down or frozen the other two absorb its share without queueing much, and the fault-free run leaves
+    # the 2 cores headroom (lateness then measures the faults, not the machine).
+    concurrency=12,
+    # Each contender sees every fault of the timeline in ~10 s of prompts: a full run (4 applicable scenarios x 7
+    # contenders, each with its fault-free baselines) is then bound by the restarts (5 per contender, 20-70 s each),
+    # not by the prompts, and stays near 20 minutes.
+    duration=10.0,
+    # A 16-token answer at 12 concurrent over 3 servers sharing 2 cores: the fleet does about what one server does at
+    # that load, ~60 req/s (between the measured 20-30 at concurrency 1 and 160-280 at 64), so 12 / 60 = 0.2 s.
+    latency=0.2,
+    # The sim matrix's ratios to the generation time: an attempt may take 20x an undisturbed one before it is given
+    # up (a streamed answer, 5x a short one, still has 4x), the same backoff and probe fall/rise.
+    attempt_timeout=4.0,
+    # Probes every second within 0.5 s: a 1-token generate probe waits its turn behind a batch step (tens of ms at
+    # this load) with room to spare on a busy machine, and a frozen engine still leaves within 2 x 1 + 0.5 s.
+    probe_period=1.0,
+    probe_timeout=0.5,
+    backoff_initial=0.1,
+    backoff_max=2.0,
+    # Three servers restarting at once on 2 cores: up to ~70 s each alone, longer together; wait twice that.
+    restart_seconds=120.0,
+    # A streamed answer is 5x a short one (80 tokens), as the sims' streams are 5x their short answers' time.
+    stream_max_tokens=80,
+)
+"""Real vLLM (CPU build, tiny model) on this 2-core machine: why each value is what it is is said beside it."""
+VLLM_SMOKE = dataclasses.replace(VLLM, concurrency=6, duration=3.0, stream_max_tokens=16)
+"""The suite's run on real servers: a few dozen prompts, the same timeouts (no timing is asserted)."""
 
 Column = Literal["lost", "errors", "corrupt", "p99", "late", "goodput", "wasted"]
 """The figures a scenario can be decided by (each a field of bench/failover.py's Row)."""
@@ -131,7 +176,9 @@ class Scenario:
     def prompt_count(self, scale: Scale) -> int:
         return int(scale.duration * scale.concurrency / self.generation_seconds(scale))
 
-    def max_tokens(self) -> int:
+    def max_tokens(self, scale: Scale | None = None) -> int:
+        if scale is not None and self.stream_tokens and scale.stream_max_tokens:
+            return scale.stream_max_tokens
         return max(16, self.stream_tokens)
 
 
@@ -286,9 +333,40 @@ def baseline(scenario: Scenario) -> Scenario:
 
 
 def rank_key(scenario: Scenario, row: dict[str, float]) -> tuple[float, float]:
-    """Sort key of a contender's figures in ``scenario`` (smaller is better)."""
+    """Sort key of a contender's figures in ``scenario`` (smaller is better; a figure that is n/a ranks last)."""
 
     def signed(column: Column) -> float:
+        if math.isnan(row[column]):
+            return math.inf
         return -row[column] if column in HIGHER_IS_BETTER else row[column]
 
     return signed(scenario.figure), signed(scenario.tiebreak)
+
+
+REAL_KINDS: Final[frozenset[FaultKind]] = frozenset(
+    {FaultKind.SHARD_KILL, FaultKind.SHARD_HANG, FaultKind.SHARD_TERMINATE, FaultKind.ALL_SHARDS_DOWN}
+)
+"""The faults a real server takes (:class:`~rollout_runtime.vllm.fleet.VllmFleet`: signals to its processes); the
+others are the sim shard's injected answers, which it refuses."""
+
+
+def on_real_shards(scenario: Scenario, scale: Scale) -> tuple[Scenario | None, str]:
+    """The scenario as real servers can run it and what was left out of it; None (and why) when nothing is left.
+
+    Faults of kinds a real server cannot take, or on shards the scale does not have, are dropped; the proof a
+    fault hit is then the injector's record (``faults_applied``), since real servers count no injected faults.
+    """
+    if scenario.sim_only:
+        return None, f"sim-only: a real server cannot be made to show it ({scenario.summary})"
+    names = set(shard_names(scale)) | {FLEET_TARGET}
+    sample = scenario.schedule(scale, 1).faults
+    dropped = sorted({f.kind.value for f in sample if f.kind not in REAL_KINDS or f.target not in names})
+    if not any(f.kind in REAL_KINDS and f.target in names for f in sample):
+        return None, f"no fault a real server takes ({', '.join(dropped)} are the sim's)"
+
+    def schedule(scale: Scale, seed: int) -> FaultSchedule:
+        faults = [f for f in scenario.schedule(scale, seed).faults if f.kind in REAL_KINDS and f.target in names]
+        return FaultSchedule.of(faults, seed=seed)
+
+    note = f"without {', '.join(dropped)} (sim-only or on shards it lacks)" if dropped else ""
+    return dataclasses.replace(scenario, schedule=schedule, hit="faults_applied"), note

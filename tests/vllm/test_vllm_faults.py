@@ -11,7 +11,8 @@ vLLM is an API server plus an engine core process, and each fails its own way (i
 - the API server SIGKILLed: its engine core lives on as an orphan until the process group is swept; the server
   restarted on the same port reports weights ``"default"`` and is Stale until refit through vLLM's own endpoints
   (``/pause``, ``reload_weights``, ``/update_weight_version``, ``/resume``), read back from ``/weight_info``;
-- SIGTERM: the server fails what is in flight and exits, its whole group with it.
+- SIGTERM (``VllmFleet.terminate``, the benchmarks' graceful verb): without ``--shutdown-timeout`` the server fails
+  what is in flight and exits, its whole group with it.
 
 Every test takes the victim fresh (``Victim.ensure_fresh``) and proves its fault hit (a pid gone, a request that
 hangs, a 200 from ``/health`` while frozen) before asserting what the runtime made of it. The tests that leave the
@@ -41,6 +42,7 @@ from rollout_runtime.health.targets import ProbeTargetPolicy
 from rollout_runtime.shards import LocalShardSource, Shard
 from rollout_runtime.sim.process import until
 from rollout_runtime.vllm import MODEL_NAME, VllmServer
+from rollout_runtime.vllm.fleet import VllmFleet
 from rollout_runtime.weights import VllmWeightInfo, vllm_reload_weights
 from support.controlplane import ControlPlane
 from support.dispatch import ControlledSource, assert_accounted, by_kind, collect_until_error
@@ -356,10 +358,18 @@ async def test_sigterm_fails_what_is_in_flight_and_takes_the_whole_group_down(
     engines = victim.engine_pids()
     assert engines
     prompts = [f"it is {i}" for i in range(8)]
-    outcomes, error, run, _, _, hit = await batch(source, prompts, victim.terminate, victim)
+    fleet = VllmFleet.of({victim.name: victim})  # the verb the benchmarks' rolling restart uses
+    stopping: list[asyncio.Task[tuple[int | None, dict[str, int]]]] = []
+
+    def terminate() -> None:
+        stopping.append(asyncio.create_task(fleet.terminate(victim.name)))
+
+    outcomes, error, run, _, _, hit = await batch(source, prompts, terminate, victim)
     assert hit
-    await until(lambda: not victim.running, timeout_seconds=60, what="the API server exiting on SIGTERM")
-    await until(lambda: not any(map(pid_alive, engines)), timeout_seconds=60, what="its engine core exiting too")
+    _, counters = await stopping[0]  # returns once the whole group is gone
+    assert not victim.running, "the API server outlived terminate()"
+    assert not any(map(pid_alive, engines)), "its engine core outlived terminate()"
+    assert "generation_tokens" in counters, f"vLLM's /metrics, read before the SIGTERM: {counters}"
     assert error is None
     assert len(by_kind(outcomes)["completed"]) == 8
     assert run.stats.infra_failures >= 1, "the in-flight request really failed"
