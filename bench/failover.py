@@ -592,8 +592,8 @@ def medians(rows: Sequence[Row]) -> dict[str, float]:
 
 def summarize(scenario: Scenario, by_seed: Mapping[int, Sequence[Row]], ranks: list[tuple[str, list[str]]]) -> str:
     """Print the scenario's table of medians over the seeds; add its ranking to ``ranks``; return it as markdown."""
-    names = [row.name for row in next(iter(by_seed.values()))]
-    per_name = {name: [next(r for r in rows if r.name == name) for rows in by_seed.values()] for name in names}
+    names = list(dict.fromkeys(row.name for rows in by_seed.values() for row in rows))  # a failed run is left out
+    per_name = {name: [r for rows in by_seed.values() for r in rows if r.name == name] for name in names}
     table = {name: medians(rows) for name, rows in per_name.items()}
     spread = {name: "/".join(_fmt(r.figures()[scenario.figure]) for r in rows) for name, rows in per_name.items()}
     report_scenario(scenario, table, spread)
@@ -659,12 +659,20 @@ async def main_async(
             print(f"  seed {seed}: " + "; ".join(f.describe() for f in scenario.schedule(scale, seed).faults))
             rows = by_seed[seed] = []
             for name in contenders:
-                if options.baseline and (scenario.stream_tokens, name) not in base_wall:
-                    free = await run_contender(name, baseline(scenario), scale, seeds[0], vllm=vllm)
-                    base_wall[scenario.stream_tokens, name] = free.wall
-                    print(f"    {name} fault-free: {free.completed} in {free.wall:.1f}s ({free.rate:.0f}/s)")
                 started = time.monotonic()
-                row = await run_contender(name, scenario, scale, seed, options.trace, vllm=vllm)
+                try:
+                    if options.baseline and (scenario.stream_tokens, name) not in base_wall:
+                        free = await run_contender(name, baseline(scenario), scale, seeds[0], vllm=vllm)
+                        base_wall[scenario.stream_tokens, name] = free.wall
+                        print(f"    {name} fault-free: {free.completed} in {free.wall:.1f}s ({free.rate:.0f}/s)")
+                    row = await run_contender(name, scenario, scale, seed, options.trace, vllm=vllm)
+                except Exception as exc:
+                    if vllm is None:
+                        raise
+                    # One fleet serves the whole run: a contender that cannot run (a peer that will not start) is
+                    # reported and left out of the table rather than losing every other row.
+                    print(f"    {name}: FAILED TO RUN ({type(exc).__name__}: {str(exc)[:300]}); left out")
+                    continue
                 if (scenario.stream_tokens, name) in base_wall:
                     row.fault_free_wall = base_wall[scenario.stream_tokens, name]
                     row.goodput = goodput(row.completed, row.wall, row.fault_free_wall, row.prompts)
@@ -681,6 +689,8 @@ async def main_async(
                 )
         markdowns.append(summarize(scenario, by_seed, ranks))
         results[scenario.name] = {str(s): [asdict(r) for r in rows] for s, rows in by_seed.items()}
+        if options.save is not None:  # after every scenario: a long real run that dies keeps what it measured
+            options.save(results, "\n\n".join(markdowns) + "\n")
     print(f"\n(all scenarios took {time.monotonic() - began:.0f}s)")
     print(f"\n{MARKER} (by each scenario's figure of merit, medians over seeds {', '.join(map(str, seeds))}):")
     for name, order in ranks:
@@ -692,6 +702,8 @@ async def main_async(
 class Options:
     trace: int = 0
     baseline: bool = True
+    save: Callable[[dict[str, object], str], None] | None = None
+    """Called with the rows so far and their tables after each scenario (``--json``, ``--markdown``)."""
 
 
 SHUTDOWN_TIMEOUT_SECONDS = 10
@@ -760,18 +772,19 @@ def main() -> None:
     except ValueError:
         parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
     scenarios = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
-    options = Options(trace=args.trace, baseline=not args.smoke)
+
+    def save(results: dict[str, object], tables: str) -> None:
+        if args.markdown:
+            Path(args.markdown).write_text(tables)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+    options = Options(trace=args.trace, baseline=not args.smoke, save=save)
     if args.shards == "vllm":
         scale = VLLM_SMOKE if args.smoke else VLLM_SCALE
-        results, tables = asyncio.run(on_vllm(scenarios, scale, seeds, contenders, options))
+        asyncio.run(on_vllm(scenarios, scale, seeds, contenders, options))
     else:
-        results, tables = asyncio.run(
-            main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options)
-        )
-    if args.markdown:
-        Path(args.markdown).write_text(tables)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        asyncio.run(main_async(scenarios, SMOKE if args.smoke else MATRIX, seeds, contenders, options))
 
 
 if __name__ == "__main__":
