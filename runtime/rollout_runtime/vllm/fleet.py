@@ -33,6 +33,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_runtime.shards import Shard
+from rollout_runtime.sim.process import until
 from rollout_runtime.vllm.server import MODEL_NAME, VllmServer
 
 __all__ = ["UnsupportedFault", "VllmFleet", "vllm_counters"]
@@ -119,19 +120,23 @@ class VllmFleet:
         self.servers[name].thaw_engine()
 
     async def terminate(self, name: str, grace_seconds: float = 30.0) -> tuple[int | None, dict[str, int]]:
-        """SIGTERM the API server (a graceful stop) and wait until its whole group is gone, SIGKILLing what is left
-        after ``grace_seconds``. Returns the exit status and :meth:`stats` read right before the signal: what the
-        server finishes while it drains dies with its counters, so those are not in them."""
+        """SIGTERM the API server (a graceful stop) and wait until it and its engine core are gone, then sweep the
+        group (its guard, and whatever outlived ``grace_seconds``). Returns no exit status (the API server is the
+        guard's child, not ours) and :meth:`stats` read right before the signal: what the server finishes while it
+        drains dies with its counters, so it is not in them."""
         server = self.servers[name]
         counters: dict[str, int] = {}
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             counters = await self.stats(name)
+
+        def gone() -> bool:
+            return not server.running and not server.engine_pids()
+
         server.terminate()
-        if not await server.wait_group_gone(grace_seconds):
-            server.signal_group(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):  # past the grace, stop() SIGKILLs what is left
+            await until(gone, timeout_seconds=grace_seconds, what=f"{name} exiting on SIGTERM", interval=0.05)
         await server.stop()
-        popen = server.process.popen
-        return (popen.returncode if popen is not None else None), counters
+        return None, counters
 
     async def restart(self, name: str) -> Shard:
         """Stop the server if it runs, start it on the same port, wait for ``/health``: base weights again."""
