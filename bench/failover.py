@@ -490,7 +490,13 @@ async def run_on(
         await drive(name, fleet, Run(scenario, scale, seed, prompts, tally, begin, kind, fleet.model))
         wall = max(tally.ended.values(), default=t0) - t0
     finally:
-        await chaos.wait()  # finish the timeline (resume, restart, clear) before reading counters
+        if kind is SIM:
+            await chaos.wait()  # finish the timeline (resume, restart, clear) before reading counters
+        else:
+            # Faults still to come once every prompt has ended measure nothing; on real servers each is a 20-70 s
+            # restart (a rolling restart is three), so end the timeline here: what is applied is undone (the
+            # SIGTERMed or killed server restarted, the frozen one thawed) and waited for, the rest never starts.
+            await chaos.close()
     counts = list(await asyncio.gather(*(fleet.stats(n) for n in fleet.names)))
     if trace:
         print_trace(name, tally, t0, chaos, trace)
@@ -504,6 +510,7 @@ async def run_on(
         "faults_applied": sum(1 for r in chaos.injected if "error" not in r.detail),
         "faults_scheduled": len(chaos.schedule.faults),
         "slowed": summed["slowed"],
+        "terminated": sum(len(r.detail.get("final_stats", [])) for r in chaos.injected),
         **{key: ledger[key] for key in ("refused", "errors", "malformed", "cut")},
         **kind.hits(counters),
     }
@@ -681,8 +688,11 @@ async def main_async(
                 extra = ", ".join(
                     f"{k} {_count(row.hits[k])}" for k in ("aborted", "generated_tokens") if k in row.hits
                 )
+                applied = f"faults applied {row.hits['faults_applied']:.0f}/{row.hits['faults_scheduled']:.0f}"
+                if row.hits.get("terminated"):
+                    applied += f" ({row.hits['terminated']:.0f} shards SIGTERMed)"
                 print(
-                    f"    {name}: {row.completed} completed, {row.errors} errors, {row.corrupt} corrupt, "
+                    f"    {name}: {applied}; {row.completed} completed, {row.errors} errors, {row.corrupt} corrupt, "
                     f"p99 {row.p99:.2f}s, {row.wall:.1f}s ({time.monotonic() - started:.0f}s with setup); "
                     f"shard requests {_count(sum(row.ledger.values()))} = {ledger}{extra and f' ({extra})'}; "
                     f"{row.detail}"

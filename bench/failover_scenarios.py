@@ -21,9 +21,9 @@ On real vLLM servers (``bench/failover.py --shards vllm``, sizes :data:`VLLM`) a
 every server killed; :data:`REAL_KINDS`) on the shards that exist (three). So ``chaos`` keeps its SIGKILL and its
 SIGSTOP and drops the flapping and the 503 bursts; ``slow-shard`` (nothing left), ``gray`` and ``backpressure``
 (``Scenario.sim_only``: a real server cannot be told to answer junk or to cap itself) are skipped with the reason
-printed. A real restart takes 20-70 s, longer than a run's prompts last, so in ``rolling-restart`` and
-``fleet-outage`` the prompts meet the first stop and the wait for servers to come back, and the rest of the
-rolling restart happens after them (it is still waited for, so the next contender finds the fleet whole).
+printed. A real restart takes 20-70 s, longer than a run's prompts last: in ``rolling-restart`` the prompts meet the
+first SIGTERM, its drain and the wait for that server to come back, and the steps still to come when the last prompt
+ends are not run (they would measure nothing; bench/failover.py ends the timeline there, undoing what is applied).
 """
 
 from __future__ import annotations
