@@ -497,7 +497,9 @@ async def run_on(
             # restart (a rolling restart is three), so end the timeline here: what is applied is undone (the
             # SIGTERMed or killed server restarted, the frozen one thawed) and waited for, the rest never starts.
             await chaos.close()
-    counts = list(await asyncio.gather(*(fleet.stats(n) for n in fleet.names)))
+    read = await asyncio.gather(*(fleet.stats(n) for n in fleet.names), return_exceptions=True)
+    unread = [n for n, c in zip(fleet.names, read, strict=True) if isinstance(c, BaseException)]
+    counts = [c for c in read if not isinstance(c, BaseException)]
     if trace:
         print_trace(name, tally, t0, chaos, trace)
     drained = [stats for r in chaos.injected for stats in r.detail.get("final_stats", [])]
@@ -542,6 +544,7 @@ async def run_on(
                     tally.detail,
                     first_failure and f"first failure: {first_failure[:160]}",
                     unapplied and f"faults not applied: {unapplied[:300]}",
+                    unread and f"counters unreadable (left out of the ledger): {', '.join(unread)}",
                 ),
             )
         ),
