@@ -35,7 +35,9 @@ async def test_failover_smoke_on_real_vllm_accounts_for_every_prompt_once_and_it
     fleet = VllmFleet.of({"shard-0": vllm_shared[0], "shard-1": vllm_shared[1], "shard-2": victim})
     options = Options(baseline=False)
     results, _ = await main_async([SCENARIOS[SCENARIO]], VLLM_SMOKE, [1], CONTENDERS, options, vllm=fleet)
-    rows: dict[str, dict[str, Any]] = {row["name"]: row for row in results[SCENARIO]["1"]}  # type: ignore[index]
+    by_seed = results[SCENARIO]
+    assert isinstance(by_seed, dict), results
+    rows: dict[str, dict[str, Any]] = {row["name"]: row for row in by_seed["1"]}
     assert list(rows) == CONTENDERS
     for name, row in rows.items():
         assert row["repeated"] == 0, f"{name}: a prompt ended twice"
