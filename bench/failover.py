@@ -493,9 +493,10 @@ async def run_on(
         if kind is SIM:
             await chaos.wait()  # finish the timeline (resume, restart, clear) before reading counters
         else:
-            # Faults still to come once every prompt has ended measure nothing; on real servers each is a 20-70 s
-            # restart (a rolling restart is three), so end the timeline here: what is applied is undone (the
-            # SIGTERMed or killed server restarted, the frozen one thawed) and waited for, the rest never starts.
+            # Every fault is applied (at most the timeline's ~10 s), then the steps still to come once every prompt has
+            # ended, which measure nothing and on real servers are minutes of restarts (a rolling restart's later
+            # servers), are not run: what is applied is undone (restarted, thawed) and waited for.
+            await chaos.until_applied(len(chaos.schedule.faults))
             await chaos.close()
     read = await asyncio.gather(*(fleet.stats(n) for n in fleet.names), return_exceptions=True)
     unread = [n for n, c in zip(fleet.names, read, strict=True) if isinstance(c, BaseException)]
