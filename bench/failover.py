@@ -37,7 +37,8 @@ per shard kind (bench/_shard_kinds.py): an answer is good when it is well-formed
 ``finish_reason`` stop/length, not empty, token counts consistent with ``usage``), and the ledger is read from vLLM's
 own ``/metrics``, with ``n/a`` for the buckets its counters cannot fill (and so for ``wasted``).
 
-    python bench/failover.py --shards vllm                 # the applicable matrix on 3 real servers (~20 minutes)
+    python bench/failover.py --shards vllm --scenario chaos   # one scenario, 7 contenders on 3 real servers (~30 min)
+    python bench/failover.py --shards vllm                 # the applicable matrix (over an hour: restarts dominate)
     python bench/failover.py --shards vllm --smoke --scenario stream-freeze --contenders rollout-fleet,router
 
 Needs the peers: ``bash scripts/install-tools.sh haproxy nginx router-peers`` (and ``vllm`` for real shards).
