@@ -497,7 +497,8 @@ async def run_on(
             # Every fault is applied (at most the timeline's ~10 s), then the steps still to come once every prompt has
             # ended, which measure nothing and on real servers are minutes of restarts (a rolling restart's later
             # servers), are not run: what is applied is undone (restarted, thawed) and waited for.
-            await chaos.until_applied(len(chaos.schedule.faults))
+            if t0:  # the clock runs: its faults all start within the timeline (a run that never began has none)
+                await chaos.until_applied(len(chaos.schedule.faults))
             await chaos.close()
     read = await asyncio.gather(*(fleet.stats(n) for n in fleet.names), return_exceptions=True)
     unread = [n for n, c in zip(fleet.names, read, strict=True) if isinstance(c, BaseException)]
