@@ -131,8 +131,9 @@ VLLM = Scale(
     probe_timeout=0.5,
     backoff_initial=0.1,
     backoff_max=2.0,
-    # Three servers starting at once on 2 cores took 348 s: a contender that can wait for the fleet waits 2x that.
-    restart_seconds=360.0,
+    # Three servers starting at once on 2 cores took 348 s: a contender that can wait for the fleet waits 600 s
+    # (2 x 300: the most the router's ``healthy_wait_seconds`` takes).
+    restart_seconds=300.0,
     # A streamed answer is 5x a short one (80 tokens), as the sims' streams are 5x their short answers' time.
     stream_max_tokens=80,
 )
